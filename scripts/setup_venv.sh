@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Build (or reuse) the project venv under ~/.cache/nemo-polar/venvs/<hash of constraints.txt>,
+# link .venv to it and install the project editable on top (no deps: the pins come from constraints.txt).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+CACHE="${POLAR_CACHE_DIR:-$HOME/.cache/nemo-polar}"
+PY="${POLAR_PYTHON:-python3.11}"
+command -v "$PY" >/dev/null 2>&1 || PY=python3
+HASH=$( (cat constraints.txt; "$PY" -c 'import sys; print(sys.version_info[:2])') | sha256sum | cut -c1-16)
+VENV="$CACHE/venvs/$HASH"
+
+if [ ! -f "$VENV/.complete" ]; then
+  echo "[setup] building venv $VENV (cold: a few minutes)"
+  rm -rf "$VENV"
+  mkdir -p "$CACHE/venvs" "$CACHE/pip"
+  "$PY" -m venv "$VENV"
+  export PIP_CACHE_DIR="$CACHE/pip"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  # torch first, alone, so the CPU wheel on this machine's disk is the one taken.
+  "$VENV/bin/python" -m pip install -q -c constraints.txt torch==2.13.0
+  # Everything the project and the suite need, pinned by the constraints file.
+  "$VENV/bin/python" -m pip install -q -c constraints.txt \
+    $("$PY" - <<'PYEOF'
+import tomllib
+d = tomllib.load(open("pyproject.toml", "rb"))["project"]
+deps = list(d["dependencies"]) + list(d["optional-dependencies"]["test"])
+print(" ".join(x.replace(" ", "") for x in deps))
+PYEOF
+)
+  touch "$VENV/.complete"
+else
+  echo "[setup] reusing venv $VENV"
+fi
+
+ln -sfn "$VENV" .venv
+# Editable install of the project itself (fast: no dependency resolution).
+if ! .venv/bin/python -c "import nemo_polar, nemo_polar.credit, nemo_polar.harness_adapters, sys; \
+    import pathlib; sys.exit(0 if pathlib.Path(nemo_polar.__file__).resolve().parent == pathlib.Path('nemo_polar').resolve() else 1)" 2>/dev/null; then
+  .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+fi
+echo "[setup] venv ready: .venv -> $VENV"
