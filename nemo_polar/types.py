@@ -462,7 +462,11 @@ class EvalResult(_JsonMixin):
 
     def validate(self) -> EvalResult:
         errors: list[str] = []
-        if isinstance(self.reward, bool) or not isinstance(self.reward, (int, float)) or not math.isfinite(self.reward):
+        if (
+            isinstance(self.reward, bool)
+            or not isinstance(self.reward, (int, float))
+            or not math.isfinite(self.reward)
+        ):
             errors.append(f"reward must be a finite number, got {self.reward!r}")
         for k, v in self.metrics.items():
             if not isinstance(v, (int, float)) or not math.isfinite(v):
