@@ -165,8 +165,9 @@ class _JsonMixin:
             v = getattr(self, f.name)
             if compact and f.name in self._ID_FIELDS:
                 v = encode_array(v, "i32")
-            elif compact and f.name in self._FLOAT_FIELDS:
-                v = encode_array(v, "f64")
+            elif f.name in self._FLOAT_FIELDS:
+                # JSON has no infinities: plain form spells them as strings, compact form is binary.
+                v = encode_array(v, "f64") if compact else [x if math.isfinite(x) else str(x) for x in v]
             else:
                 v = _plain(v, compact)
             out[f.name] = v
@@ -187,7 +188,7 @@ class _JsonMixin:
                 kwargs[name] = decode_array(kwargs[name])
         for name in cls._FLOAT_FIELDS:
             if name in kwargs:
-                kwargs[name] = [float(x) for x in decode_array(kwargs[name])]
+                kwargs[name] = [float(x) for x in decode_array(kwargs[name])]  # "-inf" strings included
         return cls._from_kwargs(kwargs)
 
     @classmethod
