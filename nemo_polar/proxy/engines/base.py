@@ -1,0 +1,287 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Engine plumbing shared by vLLM and SGLang: upstream endpoints, sticky routing, failover, error mapping.
+
+Routing: each session is pinned to one endpoint by a stable hash of its id (prefix-cache affinity); the other
+endpoints follow in ring order. A request moves to the next endpoint only when the connection could not be
+established (refused, unreachable, connect timeout), so a generation is never sent twice. Every upstream call has
+a connect and a read timeout. Upstream failures become `UpstreamError` (a `ProviderError`: the dialect renders it in
+the caller's shape): 5xx → 502, unreachable → 503, timeout → 504, all with `retry-after`; a context overflow keeps
+its 400 with kind `context_length_exceeded`.
+
+This module knows nothing of dialects or the record store.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import aiohttp
+import orjson
+
+from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, StreamEvent
+
+__all__ = ["Engine", "EngineCall", "Generation", "UpstreamError", "Upstreams", "upstream_error_from_response"]
+
+_CONNECT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError,)
+if hasattr(aiohttp, "ConnectionTimeoutError"):
+    _CONNECT_ERRORS = (*_CONNECT_ERRORS, aiohttp.ConnectionTimeoutError)
+
+_OVERFLOW_MARKERS = ("maximum context length", "context length", "too long", "max_model_len", "exceeds the model")
+
+
+class UpstreamError(ProviderError):
+    """The inference upstream failed; rendered to the harness in its provider's error shape."""
+
+    def __init__(
+        self,
+        status: int,
+        kind: str,
+        message: str,
+        *,
+        endpoint: str | None = None,
+        upstream_status: int | None = None,
+        retry_after_s: float | None = None,
+    ):
+        super().__init__(status, kind, message, retry_after_s=retry_after_s)
+        self.endpoint = endpoint
+        self.upstream_status = upstream_status
+
+    def to_record(self) -> dict[str, Any]:
+        return {
+            "type": "upstream",
+            "kind": self.kind,
+            "status": self.status,
+            "upstream_status": self.upstream_status,
+            "endpoint": self.endpoint,
+            "message": self.message,
+        }
+
+
+def upstream_error_from_response(status: int, body: bytes, endpoint: str) -> UpstreamError:
+    """Map an upstream HTTP error to what the harness should see."""
+    try:
+        parsed = orjson.loads(body)
+        err = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
+        message = str(err.get("message", err)) if isinstance(err, dict) else str(err)
+    except orjson.JSONDecodeError:
+        message = body[:2000].decode("utf-8", "replace")
+    lowered = message.lower()
+    if status in (400, 413, 422) and any(m in lowered for m in _OVERFLOW_MARKERS):
+        return UpstreamError(400, "context_length_exceeded", message, endpoint=endpoint, upstream_status=status)
+    if status in (400, 422):
+        return UpstreamError(400, "invalid_request", message, endpoint=endpoint, upstream_status=status)
+    if status == 429:
+        return UpstreamError(429, "rate_limit", message, endpoint=endpoint, upstream_status=status, retry_after_s=1)
+    if status == 503:
+        return UpstreamError(503, "overloaded", message, endpoint=endpoint, upstream_status=status, retry_after_s=1)
+    if status == 504:
+        return UpstreamError(504, "timeout", message, endpoint=endpoint, upstream_status=status, retry_after_s=1)
+    return UpstreamError(
+        502,
+        "api_error",
+        f"upstream returned {status}: {message}",
+        endpoint=endpoint,
+        upstream_status=status,
+        retry_after_s=1,
+    )
+
+
+@dataclass(slots=True)
+class EngineCall:
+    """One generation to run upstream: what to send (sampling already enforced) and where to route it."""
+
+    request: ChatRequest
+    served_model: str
+    sampling: dict[str, Any]
+    route_key: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class Generation:
+    """An engine call's outcome: the result (with token data) and upstream facts for the record."""
+
+    result: ChatResult | None = None
+    endpoint: str | None = None
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+    usage: dict[str, Any] = field(default_factory=dict)
+    sent_at: float = 0.0
+    first_byte_at: float | None = None
+    finished_at: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def upstream_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "endpoint": self.endpoint,
+            "sent_at": self.sent_at,
+            "first_byte_at": self.first_byte_at,
+            "finished_at": self.finished_at,
+            "usage": self.usage,
+        }
+        if self.attempts:
+            out["failover"] = self.attempts
+        if self.extra:
+            out.update(self.extra)
+        return out
+
+
+class Engine(Protocol):
+    """What the proxy needs from an inference engine."""
+
+    name: str
+    upstreams: Upstreams
+
+    async def chat(self, call: EngineCall) -> Generation: ...
+
+    def stream(self, call: EngineCall, gen: Generation) -> AsyncIterator[StreamEvent]: ...
+
+    async def tokenize(self, call: EngineCall) -> list[int]: ...
+
+    async def score(
+        self, prompt_ids: list[int], continuation: list[int], served_model: str, route_key: str
+    ) -> list[float]: ...
+
+    async def list_models(self) -> list[str]: ...
+
+
+class Upstreams:
+    """A ring of upstream base URLs with session-sticky order and connect-failure failover.
+
+    Args:
+        urls: base URLs without `/v1` (e.g. `http://127.0.0.1:8000`); a trailing `/v1` is stripped.
+        connect_timeout_s: connection set-up limit (a timeout here moves on to the next endpoint).
+        read_timeout_s: the longest silence tolerated while reading a reply (504 after it).
+    """
+
+    def __init__(self, urls: list[str], *, connect_timeout_s: float = 5.0, read_timeout_s: float = 600.0):
+        if not urls:
+            raise ValueError("at least one upstream URL is required")
+        self.urls = [u.rstrip("/").removesuffix("/v1") for u in urls]
+        self.connect_timeout_s = connect_timeout_s
+        self.read_timeout_s = read_timeout_s
+        self._http: aiohttp.ClientSession | None = None
+
+    def bind(self, http: aiohttp.ClientSession) -> None:
+        self._http = http
+
+    @property
+    def http(self) -> aiohttp.ClientSession:
+        if self._http is None:
+            raise RuntimeError("engine used before the app bound its HTTP client")
+        return self._http
+
+    def order(self, route_key: str) -> list[str]:
+        """Endpoints to try for a session: its home endpoint first (stable across processes), then the ring."""
+        n = len(self.urls)
+        if n == 1:
+            return self.urls
+        start = zlib.crc32(route_key.encode()) % n
+        return self.urls[start:] + self.urls[:start]
+
+    def timeout(self, *, total_s: float | None = None) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(
+            total=total_s,
+            connect=self.connect_timeout_s,
+            sock_connect=self.connect_timeout_s,
+            sock_read=self.read_timeout_s,
+        )
+
+    async def post(
+        self, path: str, body: dict[str, Any], route_key: str, gen: Generation, *, total_s: float | None = None
+    ) -> aiohttp.ClientResponse:
+        """POST to the session's endpoint (failing over only on connect errors); returns a 2xx response."""
+        data = orjson.dumps(body)
+        timeout = self.timeout(total_s=total_s)
+        last: BaseException | None = None
+        for base in self.order(route_key):
+            gen.sent_at = time.time()
+            try:
+                resp = await self.http.post(
+                    base + path, data=data, headers={"Content-Type": "application/json"}, timeout=timeout
+                )
+            except _CONNECT_ERRORS as exc:
+                gen.attempts.append({"endpoint": base, "error": f"{type(exc).__name__}: {exc}"})
+                last = exc
+                continue
+            except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+                raise UpstreamError(
+                    504, "timeout", f"upstream timed out: {exc}", endpoint=base, retry_after_s=1
+                ) from exc
+            except aiohttp.ClientError as exc:
+                raise UpstreamError(
+                    502, "api_error", f"upstream failed: {type(exc).__name__}: {exc}", endpoint=base, retry_after_s=1
+                ) from exc
+            gen.endpoint = base
+            gen.first_byte_at = time.time()
+            if resp.status >= 400:
+                try:
+                    raw = await resp.read()
+                except (TimeoutError, aiohttp.ClientError):
+                    raw = b""
+                finally:
+                    resp.release()
+                raise upstream_error_from_response(resp.status, raw, base)
+            return resp
+        raise UpstreamError(
+            503,
+            "overloaded",
+            f"no upstream endpoint reachable ({last})",
+            retry_after_s=2,
+        ) from last
+
+    async def post_json(
+        self, path: str, body: dict[str, Any], route_key: str, gen: Generation, *, total_s: float | None = None
+    ) -> dict[str, Any]:
+        resp = await self.post(path, body, route_key, gen, total_s=total_s)
+        try:
+            raw = await resp.read()
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise UpstreamError(504, "timeout", "upstream timed out", endpoint=gen.endpoint, retry_after_s=1) from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamError(
+                502, "api_error", f"upstream dropped the reply: {exc}", endpoint=gen.endpoint, retry_after_s=1
+            ) from exc
+        finally:
+            resp.release()
+        gen.finished_at = time.time()
+        try:
+            out = orjson.loads(raw)
+        except orjson.JSONDecodeError as exc:
+            raise UpstreamError(502, "api_error", "upstream sent invalid JSON", endpoint=gen.endpoint) from exc
+        if not isinstance(out, dict):
+            raise UpstreamError(502, "api_error", "upstream sent a non-object reply", endpoint=gen.endpoint)
+        return out
+
+    async def get_json(self, path: str, *, total_s: float = 10.0) -> Any:
+        """GET from the first reachable endpoint (used for `/v1/models`)."""
+        last: BaseException | None = None
+        for base in self.urls:
+            try:
+                async with self.http.get(base + path, timeout=self.timeout(total_s=total_s)) as resp:
+                    if resp.status >= 400:
+                        raise upstream_error_from_response(resp.status, await resp.read(), base)
+                    return orjson.loads(await resp.read())
+            except _CONNECT_ERRORS as exc:
+                last = exc
+        raise UpstreamError(503, "overloaded", f"no upstream endpoint reachable ({last})", retry_after_s=2)
+
+
+def check_alignment(result: ChatResult, usage: dict[str, Any], endpoint: str | None) -> None:
+    """Token ids, logprobs and usage must agree, or the training data would be silently wrong."""
+    n_gen, n_lp = len(result.generation_token_ids), len(result.generation_log_probs)
+    problems = []
+    if n_gen != n_lp:
+        problems.append(f"{n_gen} generation token ids but {n_lp} logprobs")
+    ct, pt = usage.get("completion_tokens"), usage.get("prompt_tokens")
+    if isinstance(ct, int) and ct != n_gen:
+        problems.append(f"usage.completion_tokens={ct} but {n_gen} generation token ids")
+    if isinstance(pt, int) and pt != len(result.prompt_token_ids):
+        problems.append(f"usage.prompt_tokens={pt} but {len(result.prompt_token_ids)} prompt token ids")
+    if not result.prompt_token_ids:
+        problems.append("no prompt token ids returned (is return_token_ids supported upstream?)")
+    if problems:
+        raise UpstreamError(502, "api_error", "token capture misaligned: " + "; ".join(problems), endpoint=endpoint)

@@ -1,0 +1,131 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The SGLang engine: OpenAI-Chat calls with SGLang's token capture extensions.
+
+SGLang (≥ 0.5.13) returns token data on `/v1/chat/completions` when asked with `return_prompt_token_ids: true`
+(→ `choices[0].prompt_token_ids`) and `return_meta_info: true` with `logprobs: true` (→
+`choices[0].meta_info.output_token_logprobs`: `[logprob, token_id, text]` triples or `{logprob, token_id}` objects).
+SGLang refuses `return_prompt_token_ids` with `stream: true`, so a streaming client is served from one
+non-streaming upstream call whose result is replayed as `StreamEvent`s.
+
+SGLang cannot run on this machine (CUDA-only kernels); the tests drive this engine against a loopback fake that
+is named as a fake. This module builds no provider shapes and writes no records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+from nemo_polar.proxy.engines.base import EngineCall, Generation, UpstreamError, Upstreams, check_alignment
+from nemo_polar.proxy.normalized import ChatResult, StreamEvent, ToolCall
+
+__all__ = ["SGLangEngine"]
+
+
+class SGLangEngine:
+    name = "sglang"
+
+    def __init__(self, upstreams: Upstreams, *, total_timeout_s: float = 900.0):
+        self.upstreams = upstreams
+        self.total_timeout_s = total_timeout_s
+
+    def build_body(self, call: EngineCall) -> dict[str, Any]:
+        req = call.request
+        body: dict[str, Any] = {"model": call.served_model, "messages": req.messages}
+        if req.tools:
+            body["tools"] = req.tools
+        if req.tool_choice is not None:
+            body["tool_choice"] = req.tool_choice
+        if req.response_format is not None:
+            body["response_format"] = req.response_format
+        body.update(call.sampling)
+        body.update({"logprobs": True, "return_prompt_token_ids": True, "return_meta_info": True, "stream": False})
+        body.update(call.extra)
+        return body
+
+    async def chat(self, call: EngineCall) -> Generation:
+        gen = Generation()
+        data = await self.upstreams.post_json(
+            "/v1/chat/completions", self.build_body(call), call.route_key, gen, total_s=self.total_timeout_s
+        )
+        gen.result = self.parse_chat(data, call.served_model, gen)
+        return gen
+
+    @staticmethod
+    def parse_chat(data: dict[str, Any], served_model: str, gen: Generation) -> ChatResult:
+        try:
+            choice = data["choices"][0]
+            msg = choice.get("message") or {}
+            meta = choice.get("meta_info") or {}
+            ids: list[int] = []
+            lps: list[float] = []
+            for item in meta.get("output_token_logprobs") or ():
+                if isinstance(item, dict):
+                    lp, tid = item["logprob"], (item["token_id"] if "token_id" in item else item["id"])
+                else:
+                    lp, tid = item[0], item[1]
+                ids.append(int(tid))
+                lps.append(float(lp))
+            if choice.get("finish_reason") == "abort":
+                raise UpstreamError(502, "api_error", "SGLang aborted the generation", endpoint=gen.endpoint)
+            result = ChatResult(
+                content=msg.get("content") or "",
+                reasoning=msg.get("reasoning_content") or None,
+                tool_calls=[
+                    ToolCall(
+                        id=tc.get("id") or f"call_{i}",
+                        name=tc["function"]["name"],
+                        arguments=tc["function"].get("arguments") or "",
+                    )
+                    for i, tc in enumerate(msg.get("tool_calls") or [])
+                ],
+                finish_reason=choice.get("finish_reason") or "stop",
+                prompt_token_ids=choice.get("prompt_token_ids") or data.get("prompt_token_ids") or [],
+                generation_token_ids=ids,
+                generation_log_probs=lps,
+                served_model=data.get("model") or served_model,
+                response_id=data.get("id") or "",
+            )
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise UpstreamError(
+                502, "api_error", f"unexpected SGLang reply shape: {exc!r}", endpoint=gen.endpoint
+            ) from exc
+        usage = data.get("usage") or {}
+        gen.usage = usage
+        result.prompt_tokens = usage.get("prompt_tokens", len(result.prompt_token_ids))
+        result.completion_tokens = usage.get("completion_tokens", len(result.generation_token_ids))
+        check_alignment(result, usage, gen.endpoint)
+        return result
+
+    async def stream(self, call: EngineCall, gen: Generation) -> AsyncIterator[StreamEvent]:
+        done = await self.chat(call)
+        gen.result, gen.endpoint, gen.usage = done.result, done.endpoint, done.usage
+        gen.sent_at, gen.first_byte_at, gen.finished_at = done.sent_at, done.first_byte_at, done.finished_at
+        gen.attempts = done.attempts
+        assert gen.result is not None
+        if gen.result.reasoning:
+            yield StreamEvent("reasoning", text=gen.result.reasoning)
+        if gen.result.content:
+            yield StreamEvent("text", text=gen.result.content)
+        for i, tc in enumerate(gen.result.tool_calls):
+            yield StreamEvent("tool_call", index=i, id=tc.id, name=tc.name)
+            if tc.arguments:
+                yield StreamEvent("tool_args", index=i, text=tc.arguments)
+
+    async def tokenize(self, call: EngineCall) -> list[int]:
+        body = self.build_body(call)
+        body["max_tokens"] = 1
+        data = await self.upstreams.post_json("/v1/chat/completions", body, call.route_key, Generation(), total_s=120)
+        try:
+            return list(data["choices"][0]["prompt_token_ids"])
+        except (KeyError, IndexError, TypeError) as exc:
+            raise UpstreamError(502, "api_error", "SGLang returned no prompt_token_ids") from exc
+
+    async def score(
+        self, prompt_ids: list[int], continuation: list[int], served_model: str, route_key: str
+    ) -> list[float]:
+        raise UpstreamError(501, "api_error", "re-scoring forced tokens is not implemented for SGLang")
+
+    async def list_models(self) -> list[str]:
+        data = await self.upstreams.get_json("/v1/models")
+        return [m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m]

@@ -1,0 +1,330 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The vLLM engine: OpenAI-Chat calls with token capture (`return_token_ids`, `logprobs`, `top_logprobs: 0`).
+
+Non-streaming: top-level `prompt_token_ids`, `choices[0].token_ids`, `choices[0].logprobs.content[*].logprob`.
+Streaming: `prompt_token_ids` in the first chunk, `token_ids` and `logprobs` per delta, a final usage chunk
+(`stream_options.include_usage`). Reasoning arrives as `reasoning_content` or `reasoning` (vLLM renamed it).
+Token ids, logprobs and usage are checked against each other before a result is returned.
+
+Also: `/tokenize` (count_tokens), `/v1/completions` from token ids (prefix-preserving generation) and re-scoring a
+continuation with `prompt_logprobs` (the model's own logprobs of forced tokens).
+This module builds no provider shapes and writes no records.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import orjson
+
+from nemo_polar.proxy.engines.base import EngineCall, Generation, UpstreamError, Upstreams, check_alignment
+from nemo_polar.proxy.normalized import ChatResult, StreamEvent, ToolCall
+
+__all__ = ["VLLMEngine"]
+
+
+class VLLMEngine:
+    """Talks to one or more vLLM OpenAI servers (stock vLLM or NeMo RL's exposed server)."""
+
+    name = "vllm"
+
+    def __init__(self, upstreams: Upstreams, *, total_timeout_s: float = 900.0):
+        self.upstreams = upstreams
+        self.total_timeout_s = total_timeout_s
+
+    # -- request --------------------------------------------------------------------------------------------------
+
+    def build_body(self, call: EngineCall, *, stream: bool) -> dict[str, Any]:
+        req = call.request
+        body: dict[str, Any] = {"model": call.served_model, "messages": req.messages}
+        if req.tools:
+            body["tools"] = req.tools
+        if req.tool_choice is not None:
+            body["tool_choice"] = req.tool_choice
+        if req.response_format is not None:
+            body["response_format"] = req.response_format
+        body.update(call.sampling)
+        body["return_token_ids"] = True
+        body["logprobs"] = True
+        body["top_logprobs"] = 0
+        body["stream"] = stream
+        if stream:
+            body["stream_options"] = {"include_usage": True}
+        body.update(call.extra)
+        return body
+
+    # -- non-streaming ----------------------------------------------------------------------------------------------
+
+    async def chat(self, call: EngineCall) -> Generation:
+        gen = Generation()
+        data = await self.upstreams.post_json(
+            "/v1/chat/completions",
+            self.build_body(call, stream=False),
+            call.route_key,
+            gen,
+            total_s=self.total_timeout_s,
+        )
+        gen.result = self.parse_chat(data, call.served_model, gen)
+        return gen
+
+    @staticmethod
+    def parse_chat(data: dict[str, Any], served_model: str, gen: Generation) -> ChatResult:
+        try:
+            choice = data["choices"][0]
+            msg = choice.get("message") or {}
+            lp = choice.get("logprobs") or {}
+            result = ChatResult(
+                content=msg.get("content") or "",
+                reasoning=msg.get("reasoning_content") or msg.get("reasoning") or None,
+                tool_calls=[
+                    ToolCall(
+                        id=tc.get("id") or f"call_{i}",
+                        name=tc["function"]["name"],
+                        arguments=tc["function"].get("arguments") or "",
+                    )
+                    for i, tc in enumerate(msg.get("tool_calls") or [])
+                ],
+                finish_reason=choice.get("finish_reason") or "stop",
+                prompt_token_ids=data.get("prompt_token_ids") or choice.get("prompt_token_ids") or [],
+                generation_token_ids=choice.get("token_ids") or [],
+                generation_log_probs=[c["logprob"] for c in (lp.get("content") or [])],
+                served_model=data.get("model") or served_model,
+                response_id=data.get("id") or "",
+            )
+        except (KeyError, IndexError, TypeError) as exc:
+            raise UpstreamError(
+                502, "api_error", f"unexpected upstream reply shape: {exc!r}", endpoint=gen.endpoint
+            ) from exc
+        usage = data.get("usage") or {}
+        gen.usage = usage
+        result.prompt_tokens = usage.get("prompt_tokens", len(result.prompt_token_ids))
+        result.completion_tokens = usage.get("completion_tokens", len(result.generation_token_ids))
+        check_alignment(result, usage, gen.endpoint)
+        return result
+
+    # -- streaming --------------------------------------------------------------------------------------------------
+
+    async def stream(self, call: EngineCall, gen: Generation) -> AsyncIterator[StreamEvent]:
+        """Yield `StreamEvent`s as vLLM produces them; on normal end `gen.result` holds the full result.
+
+        Closing the generator early (client went away) closes the upstream connection, which aborts the
+        generation in vLLM.
+        """
+        resp = await self.upstreams.post(
+            "/v1/chat/completions", self.build_body(call, stream=True), call.route_key, gen
+        )
+        acc = _StreamAccumulator(call.served_model)
+        try:
+            async for line in resp.content:
+                if not line.startswith(b"data:"):
+                    continue
+                payload = line[5:].strip()
+                if payload == b"[DONE]":
+                    acc.done = True
+                    break
+                try:
+                    chunk = orjson.loads(payload)
+                except orjson.JSONDecodeError as exc:
+                    raise UpstreamError(502, "api_error", "upstream sent a malformed SSE chunk") from exc
+                if "error" in chunk and "choices" not in chunk:
+                    err = chunk["error"]
+                    msg = err.get("message", str(err)) if isinstance(err, dict) else str(err)
+                    raise UpstreamError(502, "api_error", f"upstream failed mid-stream: {msg}", endpoint=gen.endpoint)
+                for ev in acc.feed(chunk):
+                    yield ev
+        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            raise UpstreamError(
+                504, "timeout", "upstream stream stalled", endpoint=gen.endpoint, retry_after_s=1
+            ) from exc
+        except aiohttp.ClientError as exc:
+            raise UpstreamError(
+                502,
+                "api_error",
+                f"upstream stream broke: {type(exc).__name__}: {exc}",
+                endpoint=gen.endpoint,
+                retry_after_s=1,
+            ) from exc
+        finally:
+            resp.close()
+        if not acc.done:
+            raise UpstreamError(502, "api_error", "upstream stream ended without [DONE]", endpoint=gen.endpoint)
+        gen.finished_at = time.time()
+        gen.usage = acc.usage
+        gen.result = acc.result()
+        check_alignment(gen.result, gen.usage, gen.endpoint)
+
+    # -- token-level helpers -----------------------------------------------------------------------------------------
+
+    async def tokenize(self, call: EngineCall) -> list[int]:
+        body: dict[str, Any] = {"model": call.served_model, "messages": call.request.messages}
+        if call.request.tools:
+            body["tools"] = call.request.tools
+        ctk = call.sampling.get("chat_template_kwargs")
+        if ctk:
+            body["chat_template_kwargs"] = ctk
+        data = await self.upstreams.post_json("/tokenize", body, call.route_key, Generation(), total_s=60)
+        tokens = data.get("tokens")
+        if not isinstance(tokens, list):
+            raise UpstreamError(502, "api_error", "upstream /tokenize returned no tokens")
+        return tokens
+
+    async def complete_ids(
+        self,
+        prompt_ids: list[int],
+        sampling: dict[str, Any],
+        served_model: str,
+        route_key: str,
+        *,
+        extra: dict[str, Any] | None = None,
+    ) -> tuple[Generation, str]:
+        """Generate from token ids with `/v1/completions`; returns the generation and the raw text."""
+        gen = Generation()
+        body: dict[str, Any] = {"model": served_model, "prompt": prompt_ids}
+        body.update({k: v for k, v in sampling.items() if k != "chat_template_kwargs"})
+        body.update({"return_token_ids": True, "logprobs": 0, "stream": False})
+        if extra:
+            body.update(extra)
+        data = await self.upstreams.post_json("/v1/completions", body, route_key, gen, total_s=self.total_timeout_s)
+        try:
+            choice = data["choices"][0]
+            lp = choice.get("logprobs") or {}
+            text = choice.get("text") or ""
+            result = ChatResult(
+                finish_reason=choice.get("finish_reason") or "stop",
+                prompt_token_ids=choice.get("prompt_token_ids") or data.get("prompt_token_ids") or list(prompt_ids),
+                generation_token_ids=choice.get("token_ids") or [],
+                generation_log_probs=[float(x) for x in (lp.get("token_logprobs") or [])],
+                served_model=data.get("model") or served_model,
+                response_id=data.get("id") or "",
+            )
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise UpstreamError(502, "api_error", f"unexpected /v1/completions reply: {exc!r}") from exc
+        gen.usage = data.get("usage") or {}
+        result.prompt_tokens = gen.usage.get("prompt_tokens", len(result.prompt_token_ids))
+        result.completion_tokens = gen.usage.get("completion_tokens", len(result.generation_token_ids))
+        check_alignment(result, gen.usage, gen.endpoint)
+        gen.result = result
+        return gen, text
+
+    async def score(
+        self, prompt_ids: list[int], continuation: list[int], served_model: str, route_key: str
+    ) -> list[float]:
+        """The model's own logprob of each continuation token after `prompt_ids` (teacher forcing)."""
+        if not continuation:
+            return []
+        body = {
+            "model": served_model,
+            "prompt": list(prompt_ids) + list(continuation),
+            "max_tokens": 1,
+            "temperature": 0.0,
+            "prompt_logprobs": 0,
+            "stream": False,
+        }
+        data = await self.upstreams.post_json(
+            "/v1/completions", body, route_key, Generation(), total_s=self.total_timeout_s
+        )
+        try:
+            choice = data["choices"][0]
+            plp: list[Any] = choice.get("prompt_logprobs") or data.get("prompt_logprobs") or []
+            tail = plp[-len(continuation) :]
+            return [float(entry[str(tid)]["logprob"]) for entry, tid in zip(tail, continuation, strict=True)]
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise UpstreamError(502, "api_error", f"re-scoring with prompt_logprobs failed: {exc!r}") from exc
+
+    async def list_models(self) -> list[str]:
+        data = await self.upstreams.get_json("/v1/models")
+        return [m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
+
+
+class _StreamAccumulator:
+    """Folds vLLM chat chunks into `StreamEvent`s and the final `ChatResult` (no per-token Python loops)."""
+
+    __slots__ = (
+        "content",
+        "done",
+        "finish",
+        "ids",
+        "logprobs",
+        "model",
+        "prompt_ids",
+        "reasoning",
+        "rid",
+        "tools",
+        "usage",
+    )
+
+    def __init__(self, served_model: str):
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.tools: dict[int, list[Any]] = {}
+        self.ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.prompt_ids: list[int] = []
+        self.usage: dict[str, Any] = {}
+        self.finish = "stop"
+        self.model = served_model
+        self.rid = ""
+        self.done = False
+
+    def feed(self, chunk: dict[str, Any]) -> list[StreamEvent]:
+        events: list[StreamEvent] = []
+        if not self.rid:
+            self.rid = chunk.get("id") or ""
+            self.model = chunk.get("model") or self.model
+        pids = chunk.get("prompt_token_ids")
+        if pids:
+            self.prompt_ids = pids
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if not self.prompt_ids and choice.get("prompt_token_ids"):
+                self.prompt_ids = choice["prompt_token_ids"]
+            tids = choice.get("token_ids")
+            if tids:
+                self.ids.extend(tids)
+            lp = choice.get("logprobs")
+            if lp and lp.get("content"):
+                self.logprobs.extend([c["logprob"] for c in lp["content"]])
+            if choice.get("finish_reason"):
+                self.finish = choice["finish_reason"]
+            delta = choice.get("delta") or {}
+            r = delta.get("reasoning_content") or delta.get("reasoning")
+            if r:
+                self.reasoning.append(r)
+                events.append(StreamEvent("reasoning", text=r))
+            c = delta.get("content")
+            if c:
+                self.content.append(c)
+                events.append(StreamEvent("text", text=c))
+            for tc in delta.get("tool_calls") or ():
+                idx = tc.get("index", 0)
+                fn = tc.get("function") or {}
+                slot = self.tools.get(idx)
+                if slot is None:
+                    slot = self.tools[idx] = [tc.get("id") or f"call_{idx}", fn.get("name") or "", []]
+                    events.append(StreamEvent("tool_call", index=idx, id=slot[0], name=slot[1]))
+                elif fn.get("name") and not slot[1]:
+                    slot[1] = fn["name"]
+                args = fn.get("arguments")
+                if args:
+                    slot[2].append(args)
+                    events.append(StreamEvent("tool_args", text=args, index=idx))
+        return events
+
+    def result(self) -> ChatResult:
+        return ChatResult(
+            content="".join(self.content),
+            reasoning="".join(self.reasoning) or None,
+            tool_calls=[ToolCall(id=s[0], name=s[1], arguments="".join(s[2])) for _, s in sorted(self.tools.items())],
+            finish_reason=self.finish,
+            prompt_tokens=self.usage.get("prompt_tokens", len(self.prompt_ids)),
+            completion_tokens=self.usage.get("completion_tokens", len(self.ids)),
+            prompt_token_ids=self.prompt_ids,
+            generation_token_ids=self.ids,
+            generation_log_probs=self.logprobs,
+            served_model=self.model,
+            response_id=self.rid,
+        )

@@ -1,0 +1,296 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The proxy's durable record store: one SQLite database (WAL) per store directory.
+
+`RecordStore.commit(record)` returns once the record is on disk; the proxy awaits it before the reply's terminal
+part leaves (DESIGN §3 durability rule). Concurrent commits are batched: a single writer thread drains every
+pending write into one transaction, commits it, then resolves all their futures, so 64 concurrent replies cost one
+fsync, not 64. Token arrays are stored compactly (`CompletionRecord.to_json(compact=True)`: base64 int32/float64).
+
+A record may first be written as *pending* (`put_pending`) when a call is admitted; `commit` replaces it with the
+final record. On `open`, pending rows left by a killed process become failure records (`error.type ==
+"interrupted"`), so a stream cut by a crash is still accounted for.
+
+Sessions are persisted in the same database (a JSON blob per session) so they survive a restart.
+This module does no HTTP and knows nothing of dialects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import sqlite3
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from nemo_polar.types import CompletionRecord
+
+__all__ = ["DB_NAME", "RecordStore", "StoreClosed"]
+
+log = logging.getLogger(__name__)
+
+DB_NAME = "records.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (
+    id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    failed INTEGER NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS records_by_session ON records (session_id, seq);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    api_key TEXT NOT NULL UNIQUE,
+    created_at REAL NOT NULL,
+    data BLOB NOT NULL
+);
+"""
+
+_STOP = object()
+
+
+class StoreClosed(RuntimeError):
+    """A write was attempted on a closed store."""
+
+
+class RecordStore:
+    """SQLite-WAL store of `CompletionRecord`s and sessions with batched, durable commits.
+
+    Args:
+        directory: the store directory (created); the database is `directory/records.sqlite`.
+        fsync: `True` uses `synchronous=FULL` (survives power loss); `False` uses `NORMAL`, which in WAL mode
+            still survives a killed process (the durability rule), at lower latency.
+        max_batch: most writes folded into one transaction.
+    """
+
+    def __init__(self, directory: str | Path, *, fsync: bool = True, max_batch: int = 1024):
+        self.directory = Path(directory)
+        self.path = self.directory / DB_NAME
+        self._fsync = fsync
+        self._max_batch = max_batch
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._reader: sqlite3.Connection | None = None
+        self._closed = True
+        self.batches = 0
+        self.writes = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------------------------
+
+    def open(self) -> RecordStore:
+        """Create the schema, recover pending rows of a previous process, start the writer thread."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        conn = self._connect()
+        conn.executescript(_SCHEMA)
+        recovered = self._recover(conn)
+        conn.close()
+        if recovered:
+            log.warning(
+                "store %s: %d interrupted call(s) from a previous run recorded as failures", self.path, recovered
+            )
+        self._reader = self._connect(readonly=True)
+        self._closed = False
+        self._thread = threading.Thread(target=self._writer, name="polar-store-writer", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Flush pending writes and stop the writer thread."""
+        if self._closed:
+            return
+        self._closed = True
+        self._queue.put(_STOP)
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+
+    def _connect(self, *, readonly: bool = False) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(f"PRAGMA synchronous={'FULL' if self._fsync else 'NORMAL'}")
+        if readonly:
+            conn.execute("PRAGMA query_only=1")
+        return conn
+
+    @staticmethod
+    def _recover(conn: sqlite3.Connection) -> int:
+        rows = conn.execute("SELECT id, data FROM records WHERE state = 'pending'").fetchall()
+        if not rows:
+            return 0
+        conn.execute("BEGIN")
+        for rid, data in rows:
+            rec = orjson.loads(data)
+            rec["error"] = {
+                "type": "interrupted",
+                "message": "the proxy stopped before this call's reply was complete",
+                "detected_at": time.time(),
+            }
+            conn.execute(
+                "UPDATE records SET state = 'done', failed = 1, data = ? WHERE id = ?", (orjson.dumps(rec), rid)
+            )
+        conn.execute("COMMIT")
+        return len(rows)
+
+    # -- writes ------------------------------------------------------------------------------------------------------
+
+    def _submit(self, op: tuple[Any, ...]) -> asyncio.Future[None]:
+        if self._closed:
+            raise StoreClosed(f"store {self.path} is closed")
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        self._queue.put((op, loop, fut))
+        return fut
+
+    def put_pending(self, record: CompletionRecord) -> asyncio.Future[None]:
+        """Write a placeholder for an admitted call (not awaited on the hot path; awaited before a stream starts)."""
+        return self._submit(("pending", record))
+
+    async def commit(self, record: CompletionRecord) -> None:
+        """Durably write the final record (replacing its placeholder); returns once it is on disk."""
+        await self._submit(("record", record))
+
+    async def put_session(self, session_id: str, api_key: str, created_at: float, data: dict[str, Any]) -> None:
+        """Insert or replace a session row."""
+        await self._submit(("session", session_id, api_key, created_at, orjson.dumps(data)))
+
+    def _writer(self) -> None:
+        conn = self._connect()
+        stop = False
+        while not stop:
+            item = self._queue.get()
+            batch = []
+            if item is _STOP:
+                stop = True
+            else:
+                batch.append(item)
+            while len(batch) < self._max_batch:
+                try:
+                    nxt = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    stop = True
+                    continue
+                batch.append(nxt)
+            if batch:
+                self._write_batch(conn, batch)
+        conn.close()
+
+    def _write_batch(self, conn: sqlite3.Connection, batch: list[Any]) -> None:
+        error: BaseException | None = None
+        try:
+            conn.execute("BEGIN")
+            for op, _, _ in batch:
+                self._apply(conn, op)
+            conn.execute("COMMIT")
+        except BaseException as exc:
+            error = exc
+            try:
+                conn.execute("ROLLBACK")
+            except sqlite3.Error:
+                pass
+            log.exception("store write failed (%d ops)", len(batch))
+        self.batches += 1
+        self.writes += len(batch)
+        for _, loop, fut in batch:
+            try:
+                loop.call_soon_threadsafe(_resolve, fut, error)
+            except RuntimeError:  # loop closed: nobody is waiting any more
+                pass
+
+    @staticmethod
+    def _apply(conn: sqlite3.Connection, op: tuple[Any, ...]) -> None:
+        kind = op[0]
+        if kind == "record" or kind == "pending":
+            rec: CompletionRecord = op[1]
+            conn.execute(
+                "INSERT OR REPLACE INTO records (id, session_id, seq, state, failed, data) VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    rec.id,
+                    rec.session_id,
+                    rec.seq,
+                    "pending" if kind == "pending" else "done",
+                    0 if rec.error is None else 1,
+                    rec.to_json(compact=True),
+                ),
+            )
+        elif kind == "session":
+            _, sid, key, created, data = op
+            conn.execute(
+                "INSERT OR REPLACE INTO sessions (session_id, api_key, created_at, data) VALUES (?, ?, ?, ?)",
+                (sid, key, created, data),
+            )
+        else:  # pragma: no cover - programming error
+            raise ValueError(f"unknown store op {kind!r}")
+
+    # -- reads -------------------------------------------------------------------------------------------------------
+
+    def _read(self) -> sqlite3.Connection:
+        if self._reader is None:
+            raise StoreClosed(f"store {self.path} is closed")
+        return self._reader
+
+    def get_record(self, record_id: str) -> CompletionRecord | None:
+        row = self._read().execute("SELECT data FROM records WHERE id = ?", (record_id,)).fetchone()
+        return None if row is None else CompletionRecord.from_json(row[0])
+
+    def list_records(
+        self, session_id: str, *, after_seq: int = -1, limit: int = 100, include_pending: bool = False
+    ) -> list[CompletionRecord]:
+        """A page of a session's records in `seq` order, starting after `after_seq`."""
+        sql = "SELECT data FROM records WHERE session_id = ? AND seq > ?"
+        if not include_pending:
+            sql += " AND state = 'done'"
+        sql += " ORDER BY seq LIMIT ?"
+        rows = self._read().execute(sql, (session_id, after_seq, limit)).fetchall()
+        return [CompletionRecord.from_json(r[0]) for r in rows]
+
+    def list_records_raw(self, session_id: str, *, after_seq: int = -1, limit: int = 100) -> list[bytes]:
+        """Like `list_records` but the stored compact JSON, unparsed (for the HTTP API)."""
+        rows = (
+            self._read()
+            .execute(
+                "SELECT data FROM records WHERE session_id = ? AND seq > ? AND state = 'done' ORDER BY seq LIMIT ?",
+                (session_id, after_seq, limit),
+            )
+            .fetchall()
+        )
+        return [bytes(r[0]) for r in rows]
+
+    def session_stats(self, session_id: str) -> dict[str, int]:
+        """`{records, failed, next_seq}` for a session (next_seq continues numbering after a restart)."""
+        n, failed, max_seq = (
+            self._read()
+            .execute(
+                "SELECT COUNT(*), COALESCE(SUM(failed), 0), COALESCE(MAX(seq), -1) FROM records WHERE session_id = ?",
+                (session_id,),
+            )
+            .fetchone()
+        )
+        return {"records": int(n), "failed": int(failed), "next_seq": int(max_seq) + 1}
+
+    def count_records(self, session_id: str, where: Callable[[CompletionRecord], bool]) -> int:
+        return sum(1 for r in self.list_records(session_id, limit=1 << 30) if where(r))
+
+    def load_sessions(self) -> list[tuple[str, str, float, dict[str, Any]]]:
+        rows = self._read().execute("SELECT session_id, api_key, created_at, data FROM sessions").fetchall()
+        return [(sid, key, float(created), orjson.loads(data)) for sid, key, created, data in rows]
+
+
+def _resolve(fut: asyncio.Future[None], error: BaseException | None) -> None:
+    if fut.done():
+        return
+    if error is None:
+        fut.set_result(None)
+    else:
+        fut.set_exception(error)
