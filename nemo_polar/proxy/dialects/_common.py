@@ -1,0 +1,397 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Helpers shared by the four dialect modules: validation, canonical normal form, SSE framing.
+
+The canonical normal form is what makes one conversation written in any of the four dialects normalise to the
+same OpenAI-Chat `messages` and `tools`:
+
+- tool-call ids are replaced by `call_<n>`, n counting tool calls from the start of the conversation, so they are
+  stable across turns (history is append-only) and independent of the provider's id scheme; results are paired
+  through the same table;
+- tool-call arguments are re-serialised with `json.dumps(obj, ensure_ascii=False)` (what a chat template's
+  `tojson` renders anyway); text that is not a JSON object stays as it came;
+- content part arrays whose parts are all text collapse to one string, parts joined by "\\n" (what vLLM does when
+  it renders a part array for a string-content chat template); separate system / developer messages are joined
+  by "\\n\\n";
+- assistant messages always carry `content` (a string, "" when there is none); `tool_calls` and
+  `reasoning_content` only when present; tool messages carry `tool_call_id`, `name` (when known) and `content`.
+
+This module knows no provider; it does no I/O.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from typing import Any, NoReturn
+
+import orjson
+
+from nemo_polar.proxy.normalized import ChatResult, ProviderError, ToolCall
+
+EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
+
+# ---------------------------------------------------------------------------------------------- validation
+
+
+def bad(message: str, param: str | None = None) -> NoReturn:
+    """Raise the 400 every malformed client request gets."""
+    raise ProviderError(400, "invalid_request", message, param=param)
+
+
+def load_body(body: bytes | bytearray | str | dict[str, Any]) -> dict[str, Any]:
+    """Parse a request body into a JSON object (400 on malformed JSON or a non-object body)."""
+    if isinstance(body, dict):
+        return body
+    if isinstance(body, bytes | bytearray | str):
+        if not body or (isinstance(body, bytes | bytearray) and not bytes(body).strip()):
+            bad("the request body is empty; a JSON object is required")
+        try:
+            obj = orjson.loads(body)
+        except orjson.JSONDecodeError as exc:
+            bad(f"the request body is not valid JSON: {exc}")
+        if not isinstance(obj, dict):
+            bad(f"the request body must be a JSON object, got {json_type(obj)}")
+        return obj
+    bad(f"the request body must be a JSON object, got {type(body).__name__}")
+
+
+def json_type(v: Any) -> str:
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "boolean"
+    if isinstance(v, int | float):
+        return "number"
+    if isinstance(v, str):
+        return "string"
+    if isinstance(v, list):
+        return "array"
+    if isinstance(v, dict):
+        return "object"
+    return type(v).__name__
+
+
+def _missing(path: str) -> NoReturn:
+    bad(f"{path}: field required", param=path)
+
+
+def _wrong(path: str, want: str, v: Any) -> NoReturn:
+    bad(f"{path}: expected {want}, got {json_type(v)}", param=path)
+
+
+def opt_str(d: dict[str, Any], key: str, path: str, *, required: bool = False) -> str | None:
+    v = d.get(key)
+    if v is None:
+        if required:
+            _missing(path)
+        return None
+    if not isinstance(v, str):
+        _wrong(path, "a string", v)
+    return v
+
+
+def req_str(d: dict[str, Any], key: str, path: str, *, nonempty: bool = False) -> str:
+    v = opt_str(d, key, path, required=True)
+    assert v is not None
+    if nonempty and not v:
+        bad(f"{path}: must not be empty", param=path)
+    return v
+
+
+def opt_bool(d: dict[str, Any], key: str, path: str) -> bool | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, bool):
+        _wrong(path, "a boolean", v)
+    return v
+
+
+def opt_int(d: dict[str, Any], key: str, path: str, *, lo: int | None = None, hi: int | None = None) -> int | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, float) and v.is_integer() and math.isfinite(v):
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int):
+        _wrong(path, "an integer", v)
+    if lo is not None and v < lo:
+        bad(f"{path}: must be >= {lo}, got {v}", param=path)
+    if hi is not None and v > hi:
+        bad(f"{path}: must be <= {hi}, got {v}", param=path)
+    return v
+
+
+def opt_num(
+    d: dict[str, Any], key: str, path: str, *, lo: float | None = None, hi: float | None = None
+) -> float | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        _wrong(path, "a number", v)
+    f = float(v)
+    if not math.isfinite(f):
+        bad(f"{path}: must be a finite number", param=path)
+    if lo is not None and f < lo:
+        bad(f"{path}: must be >= {lo}, got {v}", param=path)
+    if hi is not None and f > hi:
+        bad(f"{path}: must be <= {hi}, got {v}", param=path)
+    return f
+
+
+def opt_list(d: dict[str, Any], key: str, path: str, *, required: bool = False) -> list[Any] | None:
+    v = d.get(key)
+    if v is None:
+        if required:
+            _missing(path)
+        return None
+    if not isinstance(v, list):
+        _wrong(path, "an array", v)
+    return v
+
+
+def opt_dict(d: dict[str, Any], key: str, path: str, *, required: bool = False) -> dict[str, Any] | None:
+    v = d.get(key)
+    if v is None:
+        if required:
+            _missing(path)
+        return None
+    if not isinstance(v, dict):
+        _wrong(path, "an object", v)
+    return v
+
+
+def as_dict(v: Any, path: str) -> dict[str, Any]:
+    if not isinstance(v, dict):
+        _wrong(path, "an object", v)
+    return v
+
+
+def str_list(v: Any, path: str) -> list[str]:
+    """A `stop`-like field: a string or an array of strings (null → [])."""
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [v]
+    if not isinstance(v, list) or not all(isinstance(s, str) for s in v):
+        _wrong(path, "a string or an array of strings", v)
+    return list(v)
+
+
+def schema_dict(v: Any, path: str) -> dict[str, Any]:
+    """A tool's JSON schema (absent → an empty object schema)."""
+    if v is None:
+        return dict(EMPTY_SCHEMA)
+    if not isinstance(v, dict):
+        _wrong(path, "a JSON schema object", v)
+    return v
+
+
+# ------------------------------------------------------------------------------------------ normal form
+
+
+def canonical_arguments(v: Any) -> str:
+    """Arguments as canonical JSON text: objects re-serialised, other text kept as produced."""
+    if isinstance(v, str):
+        try:
+            parsed = json.loads(v)
+        except (ValueError, RecursionError):
+            return v
+        if not isinstance(parsed, dict):
+            return v
+        v = parsed
+    try:
+        return json.dumps(v, ensure_ascii=False)
+    except (TypeError, ValueError, RecursionError):
+        bad("tool-call arguments are not JSON-serialisable")
+
+
+def arguments_object(text: str) -> dict[str, Any]:
+    """Arguments text → object for providers whose tool calls carry an object (invalid JSON → {})."""
+    if not text:
+        return {}
+    try:
+        v = json.loads(text)
+    except (ValueError, RecursionError):
+        return {}
+    return v if isinstance(v, dict) else {}
+
+
+def collapse_parts(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """OpenAI content parts → one string when all are text, else the part array."""
+    if all(p.get("type") == "text" for p in parts):
+        return "\n".join(p["text"] for p in parts)
+    return parts
+
+
+def text_part(text: str) -> dict[str, Any]:
+    return {"type": "text", "text": text}
+
+
+def image_part(url: str, detail: str | None = None) -> dict[str, Any]:
+    img: dict[str, Any] = {"url": url}
+    if detail is not None:
+        img["detail"] = detail
+    return {"type": "image_url", "image_url": img}
+
+
+def function_tool(name: str, description: str | None, parameters: dict[str, Any]) -> dict[str, Any]:
+    fn: dict[str, Any] = {"name": name}
+    if description:
+        fn["description"] = description
+    fn["parameters"] = parameters
+    return {"type": "function", "function": fn}
+
+
+def check_unique_tools(tools: list[dict[str, Any]], path: str) -> None:
+    seen: set[str] = set()
+    for t in tools:
+        name = t["function"]["name"]
+        if name in seen:
+            bad(f"{path}: tool names must be unique; {name!r} appears twice", param=path)
+        seen.add(name)
+
+
+def check_tool_name(name: Any, path: str) -> str:
+    if not isinstance(name, str):
+        _wrong(path, "a string", name)
+    if not name or len(name) > 256:
+        bad(f"{path}: a tool name must be 1 to 256 characters", param=path)
+    return name
+
+
+class CallIds:
+    """Maps provider tool-call ids to canonical `call_<n>` ids, in conversation order."""
+
+    def __init__(self) -> None:
+        self.by_original: dict[str, str] = {}
+        self.names: dict[str, str] = {}  # canonical id → tool name
+        self.original: dict[str, str] = {}  # canonical id → provider id
+        self._n = 0
+
+    def new_call(self, original: str | None, name: str) -> str:
+        cid = f"call_{self._n}"
+        self._n += 1
+        if original:
+            self.by_original[original] = cid
+            self.original[cid] = original
+        self.names[cid] = name
+        return cid
+
+    def result(self, original: str | None) -> str:
+        """The canonical id a tool result refers to (an unknown id gets a fresh one)."""
+        if original and original in self.by_original:
+            return self.by_original[original]
+        return self.new_call(original, "")
+
+
+def tool_message(cid: str, ids: CallIds, content: str | list[dict[str, Any]]) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "tool", "tool_call_id": cid}
+    name = ids.names.get(cid)
+    if name:
+        msg["name"] = name
+    msg["content"] = content
+    return msg
+
+
+def assistant_message(
+    content: str | list[dict[str, Any]], tool_calls: list[dict[str, Any]], reasoning: str | None
+) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        msg["tool_calls"] = tool_calls
+    if reasoning:
+        msg["reasoning_content"] = reasoning
+    return msg
+
+
+def tool_call_dict(cid: str, name: str, arguments: str) -> dict[str, Any]:
+    return {"id": cid, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+def with_system(system_texts: list[str], messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Prepend the merged system message (separate system / developer texts joined by a blank line)."""
+    texts = [t for t in system_texts if t]
+    if not texts:
+        return messages
+    return [{"role": "system", "content": "\n\n".join(texts)}, *messages]
+
+
+def check_conversation(messages: list[dict[str, Any]], path: str) -> None:
+    if not any(m["role"] != "system" for m in messages):
+        bad(f"{path}: at least one non-system message is required", param=path)
+
+
+# --------------------------------------------------------------------------------------------- rendering
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}{uuid.uuid4().hex[:24]}"
+
+
+def prefixed_id(raw: str, prefix: str) -> str:
+    """A response id in the provider's scheme (an engine id gets the prefix, a missing one is generated)."""
+    if not raw:
+        return new_id(prefix)
+    return raw if raw.startswith(prefix) else prefix + raw
+
+
+def now_s() -> int:
+    return int(time.time())
+
+
+def has_tool_calls(result: ChatResult) -> bool:
+    return bool(result.tool_calls)
+
+
+def dumps(obj: Any) -> bytes:
+    return orjson.dumps(obj)
+
+
+def sse(data: Any, event: str | None = None) -> bytes:
+    """One SSE frame (`event:` line only when named)."""
+    payload = data if isinstance(data, bytes) else orjson.dumps(data)
+    if event is None:
+        return b"data: " + payload + b"\n\n"
+    return b"event: " + event.encode() + b"\ndata: " + payload + b"\n\n"
+
+
+def retry_headers(err: ProviderError) -> dict[str, str]:
+    if err.retry_after_s is None:
+        return {}
+    return {"retry-after": str(max(0, math.ceil(err.retry_after_s)))}
+
+
+class Catchup:
+    """Tracks what a stream has sent so `finish(result)` can emit what the engine never streamed.
+
+    A renderer fed no events at all (a replayed or forced answer) thereby renders the whole `result` at finish.
+    """
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.reasoning = ""
+        self.calls: dict[int, list[str]] = {}  # index → [id, name, arguments so far]
+
+    def missing_text(self, full: str) -> str:
+        return full[len(self.text) :] if full.startswith(self.text) else ""
+
+    def missing_reasoning(self, full: str | None) -> str:
+        full = full or ""
+        return full[len(self.reasoning) :] if full.startswith(self.reasoning) else ""
+
+    def missing_calls(self, result: ChatResult) -> list[tuple[int, ToolCall, str]]:
+        """(index, call, arguments not yet sent) for every call of `result`."""
+        out: list[tuple[int, ToolCall, str]] = []
+        for i, tc in enumerate(result.tool_calls):
+            sent = self.calls.get(i)
+            rest = tc.arguments
+            if sent is not None and tc.arguments.startswith(sent[2]):
+                rest = tc.arguments[len(sent[2]) :]
+            elif sent is not None:
+                rest = ""
+            out.append((i, tc, rest))
+        return out

@@ -1,0 +1,513 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Anthropic Messages dialect: `/v1/messages` (also `?beta=true`) and `/v1/messages/count_tokens`.
+
+Parses a Messages request into the OpenAI-Chat `ChatRequest` (system blocks merged, `cache_control` dropped,
+Claude Code's per-request `x-anthropic-billing-header:` block removed, thinking blocks → `reasoning_content`,
+tool_use / tool_result blocks → tool calls / tool messages with canonical ids) and renders a `ChatResult` back as a
+Messages body or the Messages SSE sequence (message_start, ping, content_block_start/delta/stop, message_delta,
+message_stop). Does no I/O, knows no engine; token ids and logprobs never appear in what it renders.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nemo_polar.proxy.dialects._common import (
+    CallIds,
+    Catchup,
+    arguments_object,
+    as_dict,
+    assistant_message,
+    bad,
+    canonical_arguments,
+    check_conversation,
+    check_tool_name,
+    check_unique_tools,
+    collapse_parts,
+    function_tool,
+    image_part,
+    load_body,
+    opt_bool,
+    opt_dict,
+    opt_int,
+    opt_list,
+    opt_num,
+    opt_str,
+    prefixed_id,
+    req_str,
+    retry_headers,
+    schema_dict,
+    sse,
+    str_list,
+    text_part,
+    tool_call_dict,
+    tool_message,
+    with_system,
+)
+from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, RouteMatch, Sampling, StreamEvent
+from nemo_polar.types import Dialect
+
+DIALECT = Dialect.ANTHROPIC_MESSAGES
+ROUTES: list[tuple[str, str, str]] = [
+    ("POST", "/v1/messages", "messages"),
+    ("POST", "/v1/messages/count_tokens", "count_tokens"),
+]
+
+BILLING_HEADER_PREFIX = "x-anthropic-billing-header:"
+# Opaque signature put on the thinking blocks we render; clients send it back and we ignore it.
+THINKING_SIGNATURE = "cG9sYXItcmVhc29uaW5n"
+
+# ------------------------------------------------------------------------------------------ parse request
+
+
+def parse_request(body: bytes | dict[str, Any], route: RouteMatch) -> ChatRequest:
+    d = load_body(body)
+    model = req_str(d, "model", "model", nonempty=True)
+    counting = route.name == "count_tokens"
+    max_tokens = opt_int(d, "max_tokens", "max_tokens", lo=1)
+    if max_tokens is None and not counting:
+        bad("max_tokens: field required", param="max_tokens")
+    raw_messages = opt_list(d, "messages", "messages", required=True)
+    assert raw_messages is not None
+    if not raw_messages:
+        bad("messages: at least one message is required", param="messages")
+    extra: dict[str, Any] = {}
+    system_texts = _system(d.get("system"), extra)
+    ids = CallIds()
+    messages: list[dict[str, Any]] = []
+    for i, m in enumerate(raw_messages):
+        messages.extend(_message(m, f"messages[{i}]", ids, extra))
+    messages = with_system(system_texts, messages)
+    check_conversation(messages, "messages")
+    if ids.original:
+        extra["tool_call_ids"] = dict(ids.original)
+    tools = _tools(d.get("tools"), extra)
+    tool_choice = _tool_choice(d.get("tool_choice"), extra)
+    reasoning = _thinking(d, extra)
+    metadata = opt_dict(d, "metadata", "metadata")
+    if metadata is not None:
+        opt_str(metadata, "user_id", "metadata.user_id")
+    stream = opt_bool(d, "stream", "stream") or False
+    if raw_messages and isinstance(raw_messages[-1], dict) and raw_messages[-1].get("role") == "assistant":
+        extra["prefill"] = True
+    sampling = Sampling(
+        max_tokens=max_tokens,
+        temperature=opt_num(d, "temperature", "temperature", lo=0.0, hi=1.0),
+        top_p=opt_num(d, "top_p", "top_p", lo=0.0, hi=1.0),
+        top_k=opt_int(d, "top_k", "top_k", lo=0),
+        stop=str_list(d.get("stop_sequences"), "stop_sequences") or None,
+    )
+    return ChatRequest(
+        dialect=DIALECT.value,
+        model=model,
+        messages=messages,
+        tools=tools,
+        tool_choice=tool_choice,
+        sampling=sampling,
+        stream=stream,
+        include_usage=True,
+        reasoning=reasoning,
+        extra=extra,
+    )
+
+
+def _is_billing_header(text: str) -> bool:
+    return text.lstrip().startswith(BILLING_HEADER_PREFIX)
+
+
+def _system(v: Any, extra: dict[str, Any]) -> list[str]:
+    """System prompt (string or text blocks) → texts; the billing-header block is removed."""
+    if v is None:
+        return []
+    if isinstance(v, str):
+        lines = v.split("\n")
+        if lines and _is_billing_header(lines[0]):
+            extra["billing_header_removed"] = True
+            v = "\n".join(lines[1:])
+        return [v] if v else []
+    if not isinstance(v, list):
+        bad("system: expected a string or an array of text blocks", param="system")
+    texts: list[str] = []
+    for i, b in enumerate(v):
+        path = f"system[{i}]"
+        b = as_dict(b, path)
+        if b.get("type") != "text":
+            bad(f"{path}.type: system blocks must be text blocks", param=path)
+        text = req_str(b, "text", f"{path}.text")
+        if _is_billing_header(text):
+            extra["billing_header_removed"] = True
+            continue
+        texts.append(text)
+    return ["\n".join(texts)] if texts else []
+
+
+# -------------------------------------------------------------------------------------------- normalise
+
+
+def _blocks(m: dict[str, Any], path: str) -> list[dict[str, Any]]:
+    content = m.get("content")
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        bad(f"{path}.content: expected a string or an array of content blocks", param=f"{path}.content")
+    return [as_dict(b, f"{path}.content[{j}]") for j, b in enumerate(content)]
+
+
+def _message(m: Any, path: str, ids: CallIds, extra: dict[str, Any]) -> list[dict[str, Any]]:
+    m = as_dict(m, path)
+    role = m.get("role")
+    if role not in ("user", "assistant"):
+        bad(f"{path}.role: must be 'user' or 'assistant', got {role!r}", param=f"{path}.role")
+    blocks = _blocks(m, path)
+    if role == "assistant":
+        return [_assistant(blocks, path, ids, extra)]
+    return _user(blocks, path, ids, extra)
+
+
+def _image(b: dict[str, Any], path: str) -> dict[str, Any]:
+    src = opt_dict(b, "source", f"{path}.source", required=True)
+    assert src is not None
+    kind = src.get("type")
+    if kind == "base64":
+        media = req_str(src, "media_type", f"{path}.source.media_type", nonempty=True)
+        data = req_str(src, "data", f"{path}.source.data")
+        return image_part(f"data:{media};base64,{data}")
+    if kind == "url":
+        return image_part(req_str(src, "url", f"{path}.source.url", nonempty=True))
+    bad(f"{path}.source.type: unsupported image source {kind!r}", param=f"{path}.source.type")
+
+
+def _user_part(b: dict[str, Any], path: str) -> dict[str, Any]:
+    kind = b.get("type")
+    if kind == "text":
+        return text_part(req_str(b, "text", f"{path}.text"))
+    if kind == "image":
+        return _image(b, path)
+    if kind == "document":
+        src = opt_dict(b, "source", f"{path}.source", required=True)
+        assert src is not None
+        if src.get("type") == "text":
+            return text_part(req_str(src, "data", f"{path}.source.data"))
+        bad(f"{path}.source.type: only text documents are supported", param=f"{path}.source.type")
+    bad(f"{path}.type: unsupported content block type {kind!r}", param=f"{path}.type")
+
+
+def _tool_result_content(b: dict[str, Any], path: str) -> str | list[dict[str, Any]]:
+    c = b.get("content")
+    if c is None:
+        return ""
+    if isinstance(c, str):
+        return c
+    if not isinstance(c, list):
+        bad(f"{path}.content: expected a string or an array of blocks", param=f"{path}.content")
+    parts = [_user_part(as_dict(p, f"{path}.content[{k}]"), f"{path}.content[{k}]") for k, p in enumerate(c)]
+    return collapse_parts(parts)
+
+
+def _user(blocks: list[dict[str, Any]], path: str, ids: CallIds, extra: dict[str, Any]) -> list[dict[str, Any]]:
+    """Tool results become tool messages (first, in order); the other blocks one user message after them."""
+    out: list[dict[str, Any]] = []
+    parts: list[dict[str, Any]] = []
+    for j, b in enumerate(blocks):
+        bpath = f"{path}.content[{j}]"
+        if b.get("type") == "tool_result":
+            tid = req_str(b, "tool_use_id", f"{bpath}.tool_use_id", nonempty=True)
+            cid = ids.result(tid)
+            if opt_bool(b, "is_error", f"{bpath}.is_error"):
+                extra.setdefault("tool_errors", []).append(cid)
+            out.append(tool_message(cid, ids, _tool_result_content(b, bpath)))
+        else:
+            parts.append(_user_part(b, bpath))
+    if parts or not out:
+        out.append({"role": "user", "content": collapse_parts(parts)})
+    return out
+
+
+def _assistant(blocks: list[dict[str, Any]], path: str, ids: CallIds, extra: dict[str, Any]) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = []
+    calls: list[dict[str, Any]] = []
+    reasoning: list[str] = []
+    for j, b in enumerate(blocks):
+        bpath = f"{path}.content[{j}]"
+        kind = b.get("type")
+        if kind == "text":
+            parts.append(text_part(req_str(b, "text", f"{bpath}.text")))
+        elif kind == "thinking":
+            reasoning.append(req_str(b, "thinking", f"{bpath}.thinking"))
+            opt_str(b, "signature", f"{bpath}.signature")
+        elif kind == "redacted_thinking":
+            extra["redacted_thinking"] = extra.get("redacted_thinking", 0) + 1
+        elif kind == "tool_use":
+            tid = req_str(b, "id", f"{bpath}.id", nonempty=True)
+            name = check_tool_name(b.get("name"), f"{bpath}.name")
+            inp = opt_dict(b, "input", f"{bpath}.input", required=True)
+            calls.append(tool_call_dict(ids.new_call(tid, name), name, canonical_arguments(inp)))
+        elif kind in ("server_tool_use", "web_search_tool_result"):
+            extra.setdefault("dropped_blocks", []).append(kind)
+        else:
+            bad(f"{bpath}.type: unsupported assistant content block type {kind!r}", param=f"{bpath}.type")
+    content = collapse_parts(parts)
+    return assistant_message(content, calls, "\n".join(reasoning) if reasoning else None)
+
+
+def _tools(v: Any, extra: dict[str, Any]) -> list[dict[str, Any]]:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        bad("tools: expected an array", param="tools")
+    tools: list[dict[str, Any]] = []
+    for i, t in enumerate(v):
+        path = f"tools[{i}]"
+        t = as_dict(t, path)
+        kind = t.get("type")
+        if kind not in (None, "custom"):
+            if not isinstance(kind, str):
+                bad(f"{path}.type: expected a string", param=f"{path}.type")
+            extra.setdefault("dropped_tools", []).append(kind)
+            continue
+        name = check_tool_name(t.get("name"), f"{path}.name")
+        desc = opt_str(t, "description", f"{path}.description")
+        tools.append(function_tool(name, desc, schema_dict(t.get("input_schema"), f"{path}.input_schema")))
+    check_unique_tools(tools, "tools")
+    return tools
+
+
+def _tool_choice(v: Any, extra: dict[str, Any]) -> Any:
+    if v is None:
+        return None
+    v = as_dict(v, "tool_choice")
+    kind = v.get("type")
+    if opt_bool(v, "disable_parallel_tool_use", "tool_choice.disable_parallel_tool_use"):
+        extra["parallel_tool_calls"] = False
+    if kind == "auto":
+        return "auto"
+    if kind == "any":
+        return "required"
+    if kind == "none":
+        return "none"
+    if kind == "tool":
+        name = check_tool_name(v.get("name"), "tool_choice.name")
+        return {"type": "function", "function": {"name": name}}
+    bad(f"tool_choice.type: must be one of auto, any, tool, none; got {kind!r}", param="tool_choice.type")
+
+
+def _thinking(d: dict[str, Any], extra: dict[str, Any]) -> bool | None:
+    t = opt_dict(d, "thinking", "thinking")
+    oc = opt_dict(d, "output_config", "output_config")
+    if oc is not None:
+        extra["output_config"] = oc
+    if t is None:
+        return None
+    kind = t.get("type")
+    if kind not in ("enabled", "disabled", "adaptive"):
+        bad(f"thinking.type: must be enabled, disabled or adaptive; got {kind!r}", param="thinking.type")
+    opt_int(t, "budget_tokens", "thinking.budget_tokens", lo=0)
+    extra["thinking"] = t
+    return kind != "disabled"
+
+
+# ---------------------------------------------------------------------------------------- render response
+
+
+def tool_use_id(raw: str) -> str:
+    return prefixed_id(raw, "toolu_")
+
+
+def stop_reason(result: ChatResult) -> str:
+    if result.tool_calls or result.finish_reason == "tool_calls":
+        return "tool_use"
+    if result.finish_reason == "length":
+        return "max_tokens"
+    if result.finish_reason == "content_filter":
+        return "refusal"
+    return "end_turn"
+
+
+def _usage(result: ChatResult) -> dict[str, Any]:
+    return {
+        "input_tokens": result.prompt_tokens,
+        "output_tokens": result.completion_tokens,
+        "cache_creation_input_tokens": 0,
+        "cache_read_input_tokens": 0,
+    }
+
+
+def render_response(result: ChatResult, req: ChatRequest) -> dict[str, Any]:
+    content: list[dict[str, Any]] = []
+    if result.reasoning:
+        content.append({"type": "thinking", "thinking": result.reasoning, "signature": THINKING_SIGNATURE})
+    if result.content or not result.tool_calls:
+        content.append({"type": "text", "text": result.content})
+    for tc in result.tool_calls:
+        content.append(
+            {"type": "tool_use", "id": tool_use_id(tc.id), "name": tc.name, "input": arguments_object(tc.arguments)}
+        )
+    return {
+        "id": prefixed_id(result.response_id, "msg_"),
+        "type": "message",
+        "role": "assistant",
+        "model": req.model,
+        "content": content,
+        "stop_reason": stop_reason(result),
+        "stop_sequence": None,
+        "usage": _usage(result),
+    }
+
+
+# ------------------------------------------------------------------------------------------ render stream
+
+
+class StreamRenderer:
+    """Messages SSE for one streaming reply; blocks open one at a time, in the order the engine produced them."""
+
+    def __init__(self, req: ChatRequest, response_id: str):
+        self.req = req
+        self.id = prefixed_id(response_id, "msg_")
+        self._started = False
+        self._next_block = 0
+        self._open: tuple[str, int] | None = None  # (kind, block index)
+        self._call_blocks: dict[int, int] = {}
+        self._seen = Catchup()
+
+    def _start(self) -> list[bytes]:
+        if self._started:
+            return []
+        self._started = True
+        message: dict[str, Any] = {
+            "id": self.id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.req.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {
+                "input_tokens": 0,
+                "output_tokens": 0,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 0,
+            },
+        }
+        return [
+            sse({"type": "message_start", "message": message}, "message_start"),
+            sse({"type": "ping"}, "ping"),
+        ]
+
+    def _close(self) -> list[bytes]:
+        if self._open is None:
+            return []
+        kind, idx = self._open
+        self._open = None
+        frames = []
+        if kind == "thinking":
+            delta = {"type": "signature_delta", "signature": THINKING_SIGNATURE}
+            frames.append(sse({"type": "content_block_delta", "index": idx, "delta": delta}, "content_block_delta"))
+        frames.append(sse({"type": "content_block_stop", "index": idx}, "content_block_stop"))
+        return frames
+
+    def _open_block(self, kind: str, block: dict[str, Any]) -> list[bytes]:
+        frames = self._close()
+        idx = self._next_block
+        self._next_block += 1
+        self._open = (kind, idx)
+        frames.append(
+            sse({"type": "content_block_start", "index": idx, "content_block": block}, "content_block_start")
+        )
+        return frames
+
+    def _delta(self, idx: int, delta: dict[str, Any]) -> bytes:
+        return sse({"type": "content_block_delta", "index": idx, "delta": delta}, "content_block_delta")
+
+    def _text(self, kind: str, text: str) -> list[bytes]:
+        frames: list[bytes] = []
+        if self._open is None or self._open[0] != kind:
+            block = (
+                {"type": "thinking", "thinking": "", "signature": ""}
+                if kind == "thinking"
+                else {"type": "text", "text": ""}
+            )
+            frames += self._open_block(kind, block)
+        assert self._open is not None
+        if kind == "thinking":
+            self._seen.reasoning += text
+            frames.append(self._delta(self._open[1], {"type": "thinking_delta", "thinking": text}))
+        else:
+            self._seen.text += text
+            frames.append(self._delta(self._open[1], {"type": "text_delta", "text": text}))
+        return frames
+
+    def _call(self, index: int, call_id: str, name: str) -> list[bytes]:
+        block = {"type": "tool_use", "id": tool_use_id(call_id), "name": name, "input": {}}
+        frames = self._open_block("tool_use", block)
+        self._call_blocks[index] = self._next_block - 1
+        self._seen.calls[index] = [call_id, name, ""]
+        return frames
+
+    def _args(self, index: int, text: str) -> list[bytes]:
+        blk = self._call_blocks.get(index)
+        if blk is None or not text:
+            return []
+        self._seen.calls[index][2] += text
+        return [self._delta(blk, {"type": "input_json_delta", "partial_json": text})]
+
+    def feed(self, ev: StreamEvent) -> list[bytes]:
+        frames = self._start()
+        if ev.kind == "text" and ev.text:
+            frames += self._text("text", ev.text)
+        elif ev.kind == "reasoning" and ev.text:
+            frames += self._text("thinking", ev.text)
+        elif ev.kind == "tool_call":
+            frames += self._call(ev.index, ev.id or "", ev.name or "")
+        elif ev.kind == "tool_args":
+            frames += self._args(ev.index, ev.text)
+        return frames
+
+    def finish(self, result: ChatResult) -> list[bytes]:
+        """Emit what `result` holds that was not streamed, close the open block, then message_delta/stop."""
+        frames = self._start()
+        if rest := self._seen.missing_reasoning(result.reasoning):
+            frames += self._text("thinking", rest)
+        if rest := self._seen.missing_text(result.content):
+            frames += self._text("text", rest)
+        for i, tc, rest in self._seen.missing_calls(result):
+            if i not in self._call_blocks:
+                frames += self._call(i, tc.id, tc.name)
+            frames += self._args(i, rest)
+        if self._next_block == 0:
+            frames += self._open_block("text", {"type": "text", "text": ""})
+        frames += self._close()
+        delta = {"type": "message_delta", "delta": {"stop_reason": stop_reason(result), "stop_sequence": None}}
+        delta["usage"] = _usage(result)
+        frames.append(sse(delta, "message_delta"))
+        frames.append(sse({"type": "message_stop"}, "message_stop"))
+        return frames
+
+    def error(self, err: ProviderError) -> list[bytes]:
+        """A mid-stream failure as Anthropic's `error` event (the stream ends after it)."""
+        _, body, _ = render_error(err)
+        return [sse(body, "error")]
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+_ERROR_TYPES = {
+    "invalid_request": "invalid_request_error",
+    "context_length_exceeded": "invalid_request_error",
+    "authentication": "authentication_error",
+    "permission": "permission_error",
+    "not_found": "not_found_error",
+    "request_too_large": "request_too_large",
+    "rate_limit": "rate_limit_error",
+    "overloaded": "overloaded_error",
+    "timeout": "timeout_error",
+    "api_error": "api_error",
+}
+
+
+def render_error(err: ProviderError) -> tuple[int, dict[str, Any], dict[str, str]]:
+    body = {"type": "error", "error": {"type": _ERROR_TYPES.get(err.kind, "api_error"), "message": err.message}}
+    return err.status, body, retry_headers(err)
+
+
+def count_tokens_response(n: int) -> dict[str, Any]:
+    return {"input_tokens": n}

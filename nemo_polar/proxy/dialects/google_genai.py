@@ -1,0 +1,498 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Google Generative Language dialect: `/v1beta/models/{model}:generateContent`, `:streamGenerateContent`
+(`?alt=sse`, or a streamed JSON array without it) and `:countTokens`.
+
+Parses a GenerateContent request into the OpenAI-Chat `ChatRequest`: `systemInstruction` → the system message;
+`contents` with role user/model; text parts (`thought: true` → `reasoning_content`), inline/file data → image parts;
+`functionCall` / `functionResponse` parts → tool calls / tool messages with canonical ids (calls and responses
+without `id`, as Pi sends them, are paired by name and position within the turn); `thoughtSignature`s kept in
+`extra`; tools from `functionDeclarations` (`parametersJsonSchema`, or OpenAPI-style `parameters` with its upper-case
+types lowered); `toolConfig.functionCallingConfig` modes; `generationConfig` sampling, `responseMimeType` +
+`responseJsonSchema`/`responseSchema` → `response_format`. Field names are accepted in camelCase and snake_case
+(both are valid proto JSON). Renders a `ChatResult` as a GenerateContentResponse body or its SSE chunks, the last
+carrying `finishReason` and `usageMetadata`. Does no I/O; never renders token ids or logprobs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from nemo_polar.proxy.dialects._common import (
+    CallIds,
+    Catchup,
+    arguments_object,
+    as_dict,
+    assistant_message,
+    bad,
+    canonical_arguments,
+    check_conversation,
+    check_tool_name,
+    check_unique_tools,
+    collapse_parts,
+    dumps,
+    function_tool,
+    image_part,
+    load_body,
+    new_id,
+    opt_bool,
+    opt_dict,
+    opt_int,
+    opt_list,
+    opt_num,
+    opt_str,
+    req_str,
+    retry_headers,
+    schema_dict,
+    str_list,
+    text_part,
+    tool_call_dict,
+    tool_message,
+    with_system,
+)
+from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, RouteMatch, Sampling, StreamEvent
+from nemo_polar.types import Dialect
+
+DIALECT = Dialect.GOOGLE_GENAI
+ROUTES: list[tuple[str, str, str]] = [
+    (method, f"/{version}/models/{{model}}:{verb}", name)
+    for version in ("v1beta", "v1")
+    for method, verb, name in (
+        ("POST", "generateContent", "generate_content"),
+        ("POST", "streamGenerateContent", "stream_generate_content"),
+        ("POST", "countTokens", "count_tokens"),
+    )
+]
+
+_SNAKE = re.compile(r"_([a-z0-9])")
+
+
+def _camel(d: dict[str, Any]) -> dict[str, Any]:
+    """Shallow snake_case → camelCase of a proto-JSON object's keys (values are left alone)."""
+    if not any("_" in k for k in d):
+        return d
+    return {(_SNAKE.sub(lambda m: m.group(1).upper(), k) if "_" in k else k): v for k, v in d.items()}
+
+
+def _obj(v: Any, path: str) -> dict[str, Any]:
+    return _camel(as_dict(v, path))
+
+
+# ------------------------------------------------------------------------------------------ parse request
+
+
+def parse_request(body: bytes | dict[str, Any], route: RouteMatch) -> ChatRequest:
+    d = _camel(load_body(body))
+    model = route.params.get("model", "").removeprefix("models/")
+    if not model:
+        bad("the model name is missing from the request path", param="model")
+    if route.name == "count_tokens" and d.get("generateContentRequest") is not None:
+        d = _obj(d["generateContentRequest"], "generateContentRequest")
+    raw_contents = opt_list(d, "contents", "contents", required=True)
+    assert raw_contents is not None
+    if not raw_contents:
+        bad("contents: at least one content is required", param="contents")
+    extra: dict[str, Any] = {}
+    system_texts = _system(d.get("systemInstruction"))
+    ids = CallIds()
+    conv = _Contents(ids, extra)
+    for i, c in enumerate(raw_contents):
+        conv.content(_obj(c, f"contents[{i}]"), f"contents[{i}]", i)
+    messages = with_system(system_texts, conv.out)
+    check_conversation(messages, "contents")
+    if ids.original:
+        extra["tool_call_ids"] = dict(ids.original)
+    tools = _tools(d.get("tools"), extra)
+    tool_choice = _tool_config(d.get("toolConfig"))
+    gc = _camel(opt_dict(d, "generationConfig", "generationConfig") or {})
+    reasoning = _thinking(gc, extra)
+    opt_list(d, "safetySettings", "safetySettings")
+    opt_str(d, "cachedContent", "cachedContent")
+    streaming = route.name == "stream_generate_content"
+    if streaming:
+        extra["stream_format"] = "sse" if route.query.get("alt") == "sse" else "json_array"
+    sampling = Sampling(
+        max_tokens=opt_int(gc, "maxOutputTokens", "generationConfig.maxOutputTokens", lo=1),
+        temperature=opt_num(gc, "temperature", "generationConfig.temperature", lo=0.0, hi=2.0),
+        top_p=opt_num(gc, "topP", "generationConfig.topP", lo=0.0, hi=1.0),
+        top_k=opt_int(gc, "topK", "generationConfig.topK", lo=0),
+        seed=opt_int(gc, "seed", "generationConfig.seed"),
+        stop=str_list(gc.get("stopSequences"), "generationConfig.stopSequences") or None,
+        presence_penalty=opt_num(gc, "presencePenalty", "generationConfig.presencePenalty", lo=-2.0, hi=2.0),
+        frequency_penalty=opt_num(gc, "frequencyPenalty", "generationConfig.frequencyPenalty", lo=-2.0, hi=2.0),
+        n=opt_int(gc, "candidateCount", "generationConfig.candidateCount", lo=1, hi=8),
+    )
+    return ChatRequest(
+        dialect=DIALECT.value,
+        model=model,
+        messages=messages,
+        tools=tools,
+        tool_choice=tool_choice,
+        response_format=_response_format(gc),
+        sampling=sampling,
+        stream=streaming,
+        include_usage=True,
+        reasoning=reasoning,
+        extra=extra,
+    )
+
+
+def _system(v: Any) -> list[str]:
+    if v is None:
+        return []
+    if isinstance(v, str):
+        return [v] if v else []
+    c = _obj(v, "systemInstruction")
+    parts = opt_list(c, "parts", "systemInstruction.parts") or []
+    texts = [
+        req_str(_obj(p, f"systemInstruction.parts[{k}]"), "text", f"systemInstruction.parts[{k}].text")
+        for k, p in enumerate(parts)
+    ]
+    return ["\n".join(texts)] if texts else []
+
+
+def lower_types(schema: Any) -> Any:
+    """OpenAPI-style Gemini schema (`type: "OBJECT"`) → JSON schema (`type: "object"`), recursively."""
+    if isinstance(schema, dict):
+        return {k: (v.lower() if k == "type" and isinstance(v, str) else lower_types(v)) for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [lower_types(v) for v in schema]
+    return schema
+
+
+# -------------------------------------------------------------------------------------------- normalise
+
+
+class _Contents:
+    """Converts `contents`; remembers the last model turn's calls to pair responses that carry no id."""
+
+    def __init__(self, ids: CallIds, extra: dict[str, Any]):
+        self.ids = ids
+        self.extra = extra
+        self.out: list[dict[str, Any]] = []
+        self._open_calls: list[tuple[str, str]] = []  # (canonical id, name) not yet answered
+
+    def content(self, c: dict[str, Any], path: str, index: int) -> None:
+        role = c.get("role", "user")
+        parts = opt_list(c, "parts", f"{path}.parts", required=True)
+        assert parts is not None
+        if not parts:
+            bad(f"{path}.parts: must not be empty", param=f"{path}.parts")
+        objs = [_obj(p, f"{path}.parts[{j}]") for j, p in enumerate(parts)]
+        for j, p in enumerate(objs):
+            sig = opt_str(p, "thoughtSignature", f"{path}.parts[{j}].thoughtSignature")
+            if sig:
+                self.extra.setdefault("thought_signatures", []).append({"content": index, "part": j, "signature": sig})
+        if role == "model":
+            self._model(objs, path)
+        elif role in ("user", "function"):
+            self._user(objs, path)
+        else:
+            bad(f"{path}.role: must be 'user' or 'model', got {role!r}", param=f"{path}.role")
+
+    def _model(self, parts: list[dict[str, Any]], path: str) -> None:
+        texts: list[dict[str, Any]] = []
+        reasoning: list[str] = []
+        calls: list[dict[str, Any]] = []
+        self._open_calls = []
+        for j, p in enumerate(parts):
+            ppath = f"{path}.parts[{j}]"
+            if "text" in p:
+                text = req_str(p, "text", f"{ppath}.text")
+                if opt_bool(p, "thought", f"{ppath}.thought"):
+                    reasoning.append(text)
+                else:
+                    texts.append(text_part(text))
+            elif "functionCall" in p:
+                fc = _obj(p["functionCall"], f"{ppath}.functionCall")
+                name = check_tool_name(fc.get("name"), f"{ppath}.functionCall.name")
+                args = opt_dict(fc, "args", f"{ppath}.functionCall.args") or {}
+                cid = self.ids.new_call(opt_str(fc, "id", f"{ppath}.functionCall.id") or None, name)
+                self._open_calls.append((cid, name))
+                calls.append(tool_call_dict(cid, name, canonical_arguments(args)))
+            elif "executableCode" in p or "codeExecutionResult" in p:
+                self.extra.setdefault("dropped_parts", []).append(next(iter(p)))
+            elif set(p) <= {"thoughtSignature", "thought"}:
+                continue
+            else:
+                bad(f"{ppath}: unsupported part in a model content (keys {sorted(p)})", param=ppath)
+        self.out.append(assistant_message(collapse_parts(texts), calls, "\n".join(reasoning) if reasoning else None))
+
+    def _pair(self, rid: str | None, name: str) -> str:
+        """The canonical id a functionResponse answers: by id, else the first open call with its name."""
+        if rid and rid in self.ids.by_original:
+            cid = self.ids.by_original[rid]
+        else:
+            match = next((c for c, n in self._open_calls if n == name), None)
+            if match is None:
+                match = self.ids.new_call(rid, name)
+            cid = match
+        self._open_calls = [(c, n) for c, n in self._open_calls if c != cid]
+        return cid
+
+    def _user(self, parts: list[dict[str, Any]], path: str) -> None:
+        tool_msgs: list[dict[str, Any]] = []
+        user_parts: list[dict[str, Any]] = []
+        for j, p in enumerate(parts):
+            ppath = f"{path}.parts[{j}]"
+            if "functionResponse" in p:
+                fr = _obj(p["functionResponse"], f"{ppath}.functionResponse")
+                name = check_tool_name(fr.get("name"), f"{ppath}.functionResponse.name")
+                resp = opt_dict(fr, "response", f"{ppath}.functionResponse.response", required=True)
+                assert resp is not None
+                cid = self._pair(opt_str(fr, "id", f"{ppath}.functionResponse.id") or None, name)
+                if set(resp) == {"error"}:
+                    self.extra.setdefault("tool_errors", []).append(cid)
+                tool_msgs.append(tool_message(cid, self.ids, _response_text(resp)))
+            elif "text" in p:
+                user_parts.append(text_part(req_str(p, "text", f"{ppath}.text")))
+            elif "inlineData" in p:
+                blob = _obj(p["inlineData"], f"{ppath}.inlineData")
+                mime = req_str(blob, "mimeType", f"{ppath}.inlineData.mimeType", nonempty=True)
+                if not mime.startswith("image/"):
+                    bad(f"{ppath}.inlineData.mimeType: only images are supported, got {mime!r}", param=ppath)
+                user_parts.append(
+                    image_part(f"data:{mime};base64,{req_str(blob, 'data', f'{ppath}.inlineData.data')}")
+                )
+            elif "fileData" in p:
+                fd = _obj(p["fileData"], f"{ppath}.fileData")
+                user_parts.append(image_part(req_str(fd, "fileUri", f"{ppath}.fileData.fileUri", nonempty=True)))
+            elif set(p) <= {"thoughtSignature", "thought"}:
+                continue
+            else:
+                bad(f"{ppath}: unsupported part in a user content (keys {sorted(p)})", param=ppath)
+        self.out.extend(tool_msgs)
+        if user_parts or not tool_msgs:
+            self.out.append({"role": "user", "content": collapse_parts(user_parts)})
+
+
+def _response_text(resp: dict[str, Any]) -> str:
+    """A functionResponse's `response` as tool-message text: the bare string of `{output}` / `{error}`, else JSON."""
+    if len(resp) == 1:
+        ((key, value),) = resp.items()
+        if key in ("output", "error", "result", "content") and isinstance(value, str):
+            return value
+    return json.dumps(resp, ensure_ascii=False)
+
+
+def _tools(v: Any, extra: dict[str, Any]) -> list[dict[str, Any]]:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        bad("tools: expected an array", param="tools")
+    tools: list[dict[str, Any]] = []
+    for i, t in enumerate(v):
+        path = f"tools[{i}]"
+        t = _obj(t, path)
+        for key in t:
+            if key != "functionDeclarations":
+                extra.setdefault("dropped_tools", []).append(key)
+        for j, fd in enumerate(opt_list(t, "functionDeclarations", f"{path}.functionDeclarations") or []):
+            fpath = f"{path}.functionDeclarations[{j}]"
+            fd = _obj(fd, fpath)
+            name = check_tool_name(fd.get("name"), f"{fpath}.name")
+            desc = opt_str(fd, "description", f"{fpath}.description")
+            if fd.get("parametersJsonSchema") is not None:
+                params = schema_dict(fd["parametersJsonSchema"], f"{fpath}.parametersJsonSchema")
+            else:
+                params = lower_types(schema_dict(fd.get("parameters"), f"{fpath}.parameters"))
+            tools.append(function_tool(name, desc, params))
+    check_unique_tools(tools, "tools")
+    return tools
+
+
+def _tool_config(v: Any) -> Any:
+    if v is None:
+        return None
+    fcc = opt_dict(_obj(v, "toolConfig"), "functionCallingConfig", "toolConfig.functionCallingConfig")
+    if fcc is None:
+        return None
+    fcc = _camel(fcc)
+    path = "toolConfig.functionCallingConfig"
+    mode = opt_str(fcc, "mode", f"{path}.mode") or "AUTO"
+    allowed = str_list(fcc.get("allowedFunctionNames"), f"{path}.allowedFunctionNames")
+    mode = mode.upper()
+    if mode in ("AUTO", "MODE_UNSPECIFIED", "VALIDATED"):
+        return "auto"
+    if mode == "NONE":
+        return "none"
+    if mode == "ANY":
+        if len(allowed) == 1:
+            return {"type": "function", "function": {"name": allowed[0]}}
+        return "required"
+    bad(f"{path}.mode: must be AUTO, ANY, NONE or VALIDATED; got {mode!r}", param=f"{path}.mode")
+
+
+def _thinking(gc: dict[str, Any], extra: dict[str, Any]) -> bool | None:
+    tc = opt_dict(gc, "thinkingConfig", "generationConfig.thinkingConfig")
+    if tc is None:
+        return None
+    tc = _camel(tc)
+    budget = opt_int(tc, "thinkingBudget", "generationConfig.thinkingConfig.thinkingBudget", lo=-1)
+    opt_bool(tc, "includeThoughts", "generationConfig.thinkingConfig.includeThoughts")
+    opt_str(tc, "thinkingLevel", "generationConfig.thinkingConfig.thinkingLevel")
+    extra["thinking_config"] = tc
+    return None if budget is None else budget != 0
+
+
+def _response_format(gc: dict[str, Any]) -> dict[str, Any] | None:
+    mime = opt_str(gc, "responseMimeType", "generationConfig.responseMimeType")
+    if gc.get("responseJsonSchema") is not None:
+        schema = schema_dict(gc["responseJsonSchema"], "generationConfig.responseJsonSchema")
+    elif gc.get("responseSchema") is not None:
+        schema = lower_types(schema_dict(gc["responseSchema"], "generationConfig.responseSchema"))
+    else:
+        return {"type": "json_object"} if mime == "application/json" else None
+    if mime is not None and mime != "application/json":
+        bad("generationConfig.responseMimeType: a response schema needs application/json", param="responseMimeType")
+    return {"type": "json_schema", "json_schema": {"name": "response", "schema": schema}}
+
+
+# ---------------------------------------------------------------------------------------- render response
+
+
+def finish_reason(result: ChatResult) -> str:
+    if result.finish_reason == "length":
+        return "MAX_TOKENS"
+    if result.finish_reason == "content_filter":
+        return "SAFETY"
+    return "STOP"
+
+
+def _usage(result: ChatResult) -> dict[str, Any]:
+    return {
+        "promptTokenCount": result.prompt_tokens,
+        "candidatesTokenCount": result.completion_tokens,
+        "totalTokenCount": result.prompt_tokens + result.completion_tokens,
+    }
+
+
+def _call_part(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+    fc: dict[str, Any] = {"name": name, "args": arguments_object(arguments)}
+    if call_id:
+        fc["id"] = call_id
+    return {"functionCall": fc}
+
+
+def _chunk(parts: list[dict[str, Any]], req: ChatRequest, rid: str, final: ChatResult | None) -> dict[str, Any]:
+    cand: dict[str, Any] = {"content": {"role": "model", "parts": parts}, "index": 0}
+    body: dict[str, Any] = {"candidates": [cand]}
+    if final is not None:
+        cand["finishReason"] = finish_reason(final)
+        body["usageMetadata"] = _usage(final)
+    body["modelVersion"] = req.model
+    body["responseId"] = rid
+    return body
+
+
+def render_response(result: ChatResult, req: ChatRequest) -> dict[str, Any]:
+    parts: list[dict[str, Any]] = []
+    if result.reasoning:
+        parts.append({"text": result.reasoning, "thought": True})
+    if result.content:
+        parts.append({"text": result.content})
+    parts.extend(_call_part(t.id, t.name, t.arguments) for t in result.tool_calls)
+    if not parts:
+        parts.append({"text": ""})
+    return _chunk(parts, req, result.response_id or new_id(""), result)
+
+
+# ------------------------------------------------------------------------------------------ render stream
+
+
+class StreamRenderer:
+    """GenerateContentResponse chunks: `data:` lines (alt=sse) or the elements of a streamed JSON array.
+
+    Text and thoughts go out as they come; a function call goes out whole once its arguments are complete (the
+    next call starts, or finish), as Gemini sends them. The last chunk carries `finishReason` and `usageMetadata`.
+    """
+
+    def __init__(self, req: ChatRequest, response_id: str):
+        self.req = req
+        self.id = response_id or new_id("")
+        self._sse = req.extra.get("stream_format", "sse") == "sse"
+        self._count = 0
+        self._pending: list[int] = []  # tool indices started but not yet sent
+        self._seen = Catchup()
+
+    def _frame(self, body: dict[str, Any]) -> bytes:
+        data = dumps(body)
+        self._count += 1
+        if self._sse:
+            return b"data: " + data + b"\r\n\r\n"
+        return (b"[" if self._count == 1 else b",\r\n") + data
+
+    def _flush_calls(self) -> list[dict[str, Any]]:
+        parts = [_call_part(*self._seen.calls[i]) for i in self._pending]
+        self._pending = []
+        return parts
+
+    def feed(self, ev: StreamEvent) -> list[bytes]:
+        if ev.kind == "text" and ev.text:
+            self._seen.text += ev.text
+            return [self._frame(_chunk([*self._flush_calls(), {"text": ev.text}], self.req, self.id, None))]
+        if ev.kind == "reasoning" and ev.text:
+            self._seen.reasoning += ev.text
+            parts = [*self._flush_calls(), {"text": ev.text, "thought": True}]
+            return [self._frame(_chunk(parts, self.req, self.id, None))]
+        if ev.kind == "tool_call":
+            frames = []
+            if self._pending:
+                frames.append(self._frame(_chunk(self._flush_calls(), self.req, self.id, None)))
+            self._seen.calls[ev.index] = [ev.id or "", ev.name or "", ""]
+            self._pending.append(ev.index)
+            return frames
+        if ev.kind == "tool_args" and ev.index in self._seen.calls:
+            self._seen.calls[ev.index][2] += ev.text
+        return []
+
+    def finish(self, result: ChatResult) -> list[bytes]:
+        """Catch up on what was not streamed; the last chunk has the pending calls, finishReason and usage."""
+        parts: list[dict[str, Any]] = []
+        if rest := self._seen.missing_reasoning(result.reasoning):
+            parts.append({"text": rest, "thought": True})
+        if rest := self._seen.missing_text(result.content):
+            parts.append({"text": rest})
+        for i, tc, rest in self._seen.missing_calls(result):
+            if i not in self._seen.calls:
+                self._seen.calls[i] = [tc.id, tc.name, ""]
+                self._pending.append(i)
+            self._seen.calls[i][2] += rest
+        parts.extend(self._flush_calls())
+        if not parts:
+            parts.append({"text": ""})
+        frames = [self._frame(_chunk(parts, self.req, self.id, result))]
+        if not self._sse:
+            frames.append(b"]")
+        return frames
+
+    def error(self, err: ProviderError) -> list[bytes]:
+        """A mid-stream failure as an error object in the stream."""
+        _, body, _ = render_error(err)
+        return [self._frame(body)] + ([] if self._sse else [b"]"])
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+_STATUS = {
+    "invalid_request": "INVALID_ARGUMENT",
+    "context_length_exceeded": "INVALID_ARGUMENT",
+    "request_too_large": "INVALID_ARGUMENT",
+    "authentication": "UNAUTHENTICATED",
+    "permission": "PERMISSION_DENIED",
+    "not_found": "NOT_FOUND",
+    "rate_limit": "RESOURCE_EXHAUSTED",
+    "overloaded": "UNAVAILABLE",
+    "timeout": "DEADLINE_EXCEEDED",
+    "api_error": "INTERNAL",
+}
+
+
+def render_error(err: ProviderError) -> tuple[int, dict[str, Any], dict[str, str]]:
+    body = {"error": {"code": err.status, "message": err.message, "status": _STATUS.get(err.kind, "INTERNAL")}}
+    return err.status, body, retry_headers(err)
+
+
+def count_tokens_response(n: int) -> dict[str, Any]:
+    return {"totalTokens": n}

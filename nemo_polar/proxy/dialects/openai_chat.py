@@ -1,0 +1,411 @@
+# SPDX-License-Identifier: Apache-2.0
+"""OpenAI Chat Completions dialect: `/v1/chat/completions`.
+
+The normal form already is OpenAI Chat, so parsing is mostly validation plus canonicalisation: system and
+developer messages merged into one leading system message, part-array contents (user AND tool messages, as Qwen
+Code sends them) collapsed when all text, `reasoning_content` / `reasoning` on assistant messages kept as
+`reasoning_content`, canonical tool-call ids and argument JSON, `max_completion_tokens` or `max_tokens`. Renders a
+`ChatResult` back as a `chat.completion` body or `chat.completion.chunk` SSE ending with the usage chunk (empty
+`choices`) when `stream_options.include_usage`, then `[DONE]`. Does no I/O; never renders token ids or logprobs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nemo_polar.proxy.dialects._common import (
+    CallIds,
+    Catchup,
+    as_dict,
+    assistant_message,
+    bad,
+    canonical_arguments,
+    check_conversation,
+    check_tool_name,
+    check_unique_tools,
+    collapse_parts,
+    function_tool,
+    image_part,
+    load_body,
+    new_id,
+    now_s,
+    opt_bool,
+    opt_dict,
+    opt_int,
+    opt_list,
+    opt_num,
+    opt_str,
+    prefixed_id,
+    req_str,
+    retry_headers,
+    schema_dict,
+    sse,
+    str_list,
+    text_part,
+    tool_call_dict,
+    tool_message,
+    with_system,
+)
+from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, RouteMatch, Sampling, StreamEvent
+from nemo_polar.types import Dialect
+
+DIALECT = Dialect.OPENAI_CHAT
+ROUTES: list[tuple[str, str, str]] = [("POST", "/v1/chat/completions", "chat_completions")]
+
+# ------------------------------------------------------------------------------------------ parse request
+
+
+def parse_request(body: bytes | dict[str, Any], route: RouteMatch) -> ChatRequest:
+    d = load_body(body)
+    model = req_str(d, "model", "model", nonempty=True)
+    raw_messages = opt_list(d, "messages", "messages", required=True)
+    assert raw_messages is not None
+    if not raw_messages:
+        bad("messages: at least one message is required", param="messages")
+    extra: dict[str, Any] = {}
+    ids = CallIds()
+    system_texts: list[str] = []
+    messages: list[dict[str, Any]] = []
+    for i, m in enumerate(raw_messages):
+        msg = _message(m, f"messages[{i}]", ids)
+        if msg["role"] == "system":
+            system_texts.append(msg["content"])
+        else:
+            messages.append(msg)
+    messages = with_system(system_texts, messages)
+    check_conversation(messages, "messages")
+    if ids.original:
+        extra["tool_call_ids"] = dict(ids.original)
+    tools = _tools(d.get("tools"))
+    tool_choice = _tool_choice(d.get("tool_choice"), extra)
+    stream = opt_bool(d, "stream", "stream") or False
+    so = opt_dict(d, "stream_options", "stream_options")
+    include_usage = bool(so and opt_bool(so, "include_usage", "stream_options.include_usage"))
+    effort = opt_str(d, "reasoning_effort", "reasoning_effort")
+    if effort is not None:
+        extra["reasoning_effort"] = effort
+    ptc = opt_bool(d, "parallel_tool_calls", "parallel_tool_calls")
+    if ptc is not None:
+        extra["parallel_tool_calls"] = ptc
+    max_tokens = opt_int(d, "max_completion_tokens", "max_completion_tokens", lo=1)
+    legacy_max = opt_int(d, "max_tokens", "max_tokens", lo=1)
+    sampling = Sampling(
+        max_tokens=max_tokens if max_tokens is not None else legacy_max,
+        temperature=opt_num(d, "temperature", "temperature", lo=0.0, hi=2.0),
+        top_p=opt_num(d, "top_p", "top_p", lo=0.0, hi=1.0),
+        top_k=opt_int(d, "top_k", "top_k", lo=-1),
+        seed=opt_int(d, "seed", "seed"),
+        stop=str_list(d.get("stop"), "stop") or None,
+        presence_penalty=opt_num(d, "presence_penalty", "presence_penalty", lo=-2.0, hi=2.0),
+        frequency_penalty=opt_num(d, "frequency_penalty", "frequency_penalty", lo=-2.0, hi=2.0),
+        n=opt_int(d, "n", "n", lo=1, hi=128),
+        chat_template_kwargs=opt_dict(d, "chat_template_kwargs", "chat_template_kwargs"),
+    )
+    return ChatRequest(
+        dialect=DIALECT.value,
+        model=model,
+        messages=messages,
+        tools=tools,
+        tool_choice=tool_choice,
+        response_format=_response_format(d.get("response_format")),
+        sampling=sampling,
+        stream=stream,
+        include_usage=include_usage,
+        reasoning=None if effort is None else effort != "none",
+        extra=extra,
+    )
+
+
+# -------------------------------------------------------------------------------------------- normalise
+
+
+def _parts(v: Any, path: str, *, allow_images: bool) -> str | list[dict[str, Any]]:
+    """A message content: a string or a part array (collapsed to a string when all parts are text)."""
+    if isinstance(v, str):
+        return v
+    if not isinstance(v, list):
+        bad(f"{path}: expected a string or an array of content parts", param=path)
+    parts: list[dict[str, Any]] = []
+    for k, p in enumerate(v):
+        ppath = f"{path}[{k}]"
+        p = as_dict(p, ppath)
+        kind = p.get("type")
+        if kind == "text":
+            parts.append(text_part(req_str(p, "text", f"{ppath}.text")))
+        elif kind == "refusal":
+            parts.append(text_part(req_str(p, "refusal", f"{ppath}.refusal")))
+        elif kind == "image_url" and allow_images:
+            img = p.get("image_url")
+            if isinstance(img, str):
+                img = {"url": img}
+            img = as_dict(img, f"{ppath}.image_url")
+            parts.append(
+                image_part(
+                    req_str(img, "url", f"{ppath}.image_url.url", nonempty=True),
+                    opt_str(img, "detail", f"{ppath}.image_url.detail"),
+                )
+            )
+        else:
+            bad(f"{ppath}.type: unsupported content part type {kind!r}", param=f"{ppath}.type")
+    return collapse_parts(parts)
+
+
+def _message(m: Any, path: str, ids: CallIds) -> dict[str, Any]:
+    m = as_dict(m, path)
+    role = m.get("role")
+    if role in ("system", "developer"):
+        content = _parts(m.get("content"), f"{path}.content", allow_images=False)
+        assert isinstance(content, str)
+        return {"role": "system", "content": content}
+    if role == "user":
+        return {"role": "user", "content": _parts(m.get("content"), f"{path}.content", allow_images=True)}
+    if role == "assistant":
+        return _assistant(m, path, ids)
+    if role == "tool":
+        tid = req_str(m, "tool_call_id", f"{path}.tool_call_id", nonempty=True)
+        content = _parts(m.get("content"), f"{path}.content", allow_images=True)
+        return tool_message(ids.result(tid), ids, content)
+    bad(f"{path}.role: must be one of system, developer, user, assistant, tool; got {role!r}", param=f"{path}.role")
+
+
+def _assistant(m: dict[str, Any], path: str, ids: CallIds) -> dict[str, Any]:
+    raw = m.get("content")
+    content = "" if raw is None else _parts(raw, f"{path}.content", allow_images=False)
+    reasoning = opt_str(m, "reasoning_content", f"{path}.reasoning_content")
+    if reasoning is None:
+        reasoning = opt_str(m, "reasoning", f"{path}.reasoning")
+    calls: list[dict[str, Any]] = []
+    for j, tc in enumerate(opt_list(m, "tool_calls", f"{path}.tool_calls") or []):
+        tpath = f"{path}.tool_calls[{j}]"
+        tc = as_dict(tc, tpath)
+        if tc.get("type", "function") != "function":
+            bad(f"{tpath}.type: only function tool calls are supported", param=f"{tpath}.type")
+        tid = req_str(tc, "id", f"{tpath}.id", nonempty=True)
+        fn = opt_dict(tc, "function", f"{tpath}.function", required=True)
+        assert fn is not None
+        name = check_tool_name(fn.get("name"), f"{tpath}.function.name")
+        args = opt_str(fn, "arguments", f"{tpath}.function.arguments") or ""
+        calls.append(tool_call_dict(ids.new_call(tid, name), name, canonical_arguments(args) if args else "{}"))
+    return assistant_message(content, calls, reasoning)
+
+
+def _tools(v: Any) -> list[dict[str, Any]]:
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        bad("tools: expected an array", param="tools")
+    tools = []
+    for i, t in enumerate(v):
+        path = f"tools[{i}]"
+        t = as_dict(t, path)
+        if t.get("type") != "function":
+            bad(f"{path}.type: only function tools are supported, got {t.get('type')!r}", param=f"{path}.type")
+        fn = opt_dict(t, "function", f"{path}.function", required=True)
+        assert fn is not None
+        name = check_tool_name(fn.get("name"), f"{path}.function.name")
+        desc = opt_str(fn, "description", f"{path}.function.description")
+        tools.append(function_tool(name, desc, schema_dict(fn.get("parameters"), f"{path}.function.parameters")))
+    check_unique_tools(tools, "tools")
+    return tools
+
+
+def _tool_choice(v: Any, extra: dict[str, Any]) -> Any:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        if v not in ("auto", "none", "required"):
+            bad(f"tool_choice: must be auto, none, required or a function; got {v!r}", param="tool_choice")
+        return v
+    v = as_dict(v, "tool_choice")
+    kind = v.get("type")
+    if kind == "function":
+        fn = opt_dict(v, "function", "tool_choice.function", required=True)
+        assert fn is not None
+        return {"type": "function", "function": {"name": check_tool_name(fn.get("name"), "tool_choice.function.name")}}
+    if kind == "allowed_tools":
+        allowed = opt_dict(v, "allowed_tools", "tool_choice.allowed_tools", required=True)
+        assert allowed is not None
+        mode = allowed.get("mode", "auto")
+        if mode not in ("auto", "required"):
+            bad("tool_choice.allowed_tools.mode: must be auto or required", param="tool_choice.allowed_tools.mode")
+        extra["allowed_tools"] = allowed.get("tools")
+        return mode
+    bad(f"tool_choice.type: must be function or allowed_tools; got {kind!r}", param="tool_choice.type")
+
+
+def _response_format(v: Any) -> dict[str, Any] | None:
+    if v is None:
+        return None
+    v = as_dict(v, "response_format")
+    kind = v.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        js = opt_dict(v, "json_schema", "response_format.json_schema", required=True)
+        assert js is not None
+        out: dict[str, Any] = {"name": req_str(js, "name", "response_format.json_schema.name", nonempty=True)}
+        out["schema"] = schema_dict(js.get("schema"), "response_format.json_schema.schema")
+        strict = opt_bool(js, "strict", "response_format.json_schema.strict")
+        if strict is not None:
+            out["strict"] = strict
+        return {"type": "json_schema", "json_schema": out}
+    bad(f"response_format.type: must be text, json_object or json_schema; got {kind!r}", param="response_format.type")
+
+
+# ---------------------------------------------------------------------------------------- render response
+
+_FINISH = {"stop", "length", "tool_calls", "content_filter"}
+
+
+def finish_reason(result: ChatResult) -> str:
+    if result.tool_calls and result.finish_reason in ("stop", "tool_calls"):
+        return "tool_calls"
+    return result.finish_reason if result.finish_reason in _FINISH else "stop"
+
+
+def call_id(raw: str) -> str:
+    return raw or new_id("call_")
+
+
+def _usage(result: ChatResult) -> dict[str, Any]:
+    return {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
+    }
+
+
+def render_response(result: ChatResult, req: ChatRequest) -> dict[str, Any]:
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": None if (result.tool_calls and not result.content) else result.content,
+    }
+    if result.reasoning:
+        message["reasoning_content"] = result.reasoning
+    if result.tool_calls:
+        message["tool_calls"] = [
+            {"id": call_id(t.id), "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
+            for t in result.tool_calls
+        ]
+    return {
+        "id": prefixed_id(result.response_id, "chatcmpl-"),
+        "object": "chat.completion",
+        "created": now_s(),
+        "model": req.model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(result)}],
+        "usage": _usage(result),
+    }
+
+
+# ------------------------------------------------------------------------------------------ render stream
+
+
+class StreamRenderer:
+    """`chat.completion.chunk` frames; the usage chunk (empty choices) before `[DONE]` when include_usage."""
+
+    def __init__(self, req: ChatRequest, response_id: str):
+        self.req = req
+        self.id = prefixed_id(response_id, "chatcmpl-")
+        self.created = now_s()
+        self._started = False
+        self._seen = Catchup()
+
+    def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
+        chunk: dict[str, Any] = {
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.req.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}],
+        }
+        if self.req.include_usage:
+            chunk["usage"] = None
+        return sse(chunk)
+
+    def _start(self) -> list[bytes]:
+        if self._started:
+            return []
+        self._started = True
+        return [self._chunk({"role": "assistant", "content": ""})]
+
+    def _call(self, index: int, cid: str, name: str) -> bytes:
+        self._seen.calls[index] = [cid, name, ""]
+        tc = {"index": index, "id": call_id(cid), "type": "function", "function": {"name": name, "arguments": ""}}
+        return self._chunk({"tool_calls": [tc]})
+
+    def _args(self, index: int, text: str) -> list[bytes]:
+        if index not in self._seen.calls or not text:
+            return []
+        self._seen.calls[index][2] += text
+        return [self._chunk({"tool_calls": [{"index": index, "function": {"arguments": text}}]})]
+
+    def feed(self, ev: StreamEvent) -> list[bytes]:
+        frames = self._start()
+        if ev.kind == "text" and ev.text:
+            self._seen.text += ev.text
+            frames.append(self._chunk({"content": ev.text}))
+        elif ev.kind == "reasoning" and ev.text:
+            self._seen.reasoning += ev.text
+            frames.append(self._chunk({"reasoning_content": ev.text}))
+        elif ev.kind == "tool_call":
+            frames.append(self._call(ev.index, ev.id or "", ev.name or ""))
+        elif ev.kind == "tool_args":
+            frames += self._args(ev.index, ev.text)
+        return frames
+
+    def finish(self, result: ChatResult) -> list[bytes]:
+        """Catch up on what was not streamed, then the finish chunk, the usage chunk (if asked) and [DONE]."""
+        frames = self._start()
+        if rest := self._seen.missing_reasoning(result.reasoning):
+            frames.append(self._chunk({"reasoning_content": rest}))
+        if rest := self._seen.missing_text(result.content):
+            frames.append(self._chunk({"content": rest}))
+        for i, tc, rest in self._seen.missing_calls(result):
+            if i not in self._seen.calls:
+                frames.append(self._call(i, tc.id, tc.name))
+            frames += self._args(i, rest)
+        frames.append(self._chunk({}, finish_reason(result)))
+        if self.req.include_usage:
+            usage = {
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.req.model,
+                "choices": [],
+                "usage": _usage(result),
+            }
+            frames.append(sse(usage))
+        frames.append(b"data: [DONE]\n\n")
+        return frames
+
+    def error(self, err: ProviderError) -> list[bytes]:
+        """A mid-stream failure: an error object as a data line (what OpenAI-compatible servers send)."""
+        _, body, _ = render_error(err)
+        return [sse(body)]
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+_ERRORS: dict[str, tuple[str, str | None]] = {
+    "invalid_request": ("invalid_request_error", None),
+    "context_length_exceeded": ("invalid_request_error", "context_length_exceeded"),
+    "authentication": ("invalid_request_error", "invalid_api_key"),
+    "permission": ("invalid_request_error", "permission_denied"),
+    "not_found": ("invalid_request_error", "model_not_found"),
+    "request_too_large": ("invalid_request_error", "request_too_large"),
+    "rate_limit": ("rate_limit_error", "rate_limit_exceeded"),
+    "overloaded": ("server_error", "overloaded"),
+    "timeout": ("server_error", "timeout"),
+    "api_error": ("server_error", None),
+}
+
+
+def openai_error_body(err: ProviderError) -> dict[str, Any]:
+    kind, code = _ERRORS.get(err.kind, ("server_error", None))
+    return {"error": {"message": err.message, "type": kind, "param": err.param, "code": code}}
+
+
+def render_error(err: ProviderError) -> tuple[int, dict[str, Any], dict[str, str]]:
+    return err.status, openai_error_body(err), retry_headers(err)

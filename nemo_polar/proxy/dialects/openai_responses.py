@@ -1,0 +1,707 @@
+# SPDX-License-Identifier: Apache-2.0
+"""OpenAI Responses dialect (Codex): `/v1/responses`.
+
+Parses a stateless Responses request (`store: false`, the full history resent as `input` items) into the
+OpenAI-Chat `ChatRequest`: `instructions` and developer/system messages merged into one system message; message
+items with input_text/output_text parts; reasoning items → `reasoning_content` of the assistant turn they open;
+function_call / function_call_output and custom_tool_call(_output) items → tool calls / tool messages with
+canonical ids. Tools: `function`; `namespace` (inner tools flattened to `<namespace>__<name>`, mapped back on the
+way out); `custom` (freeform: a function with one string argument `input`, rendered back as `custom_tool_call`);
+hosted tools such as `web_search` are dropped (listed in `extra["dropped_tools"]`); `additional_tools` input items
+add tools. Renders a `ChatResult` as a `response` object or the Responses SSE sequence (created, in_progress,
+output_item.added, content_part.added, output_text.delta/.done, function_call_arguments.delta/.done,
+output_item.done, completed with usage, each with `sequence_number`). Does no I/O; never renders token ids.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from nemo_polar.proxy.dialects._common import (
+    CallIds,
+    Catchup,
+    as_dict,
+    assistant_message,
+    bad,
+    canonical_arguments,
+    check_conversation,
+    check_tool_name,
+    check_unique_tools,
+    collapse_parts,
+    function_tool,
+    image_part,
+    load_body,
+    new_id,
+    now_s,
+    opt_bool,
+    opt_dict,
+    opt_int,
+    opt_list,
+    opt_num,
+    opt_str,
+    prefixed_id,
+    req_str,
+    retry_headers,
+    schema_dict,
+    sse,
+    text_part,
+    tool_call_dict,
+    tool_message,
+    with_system,
+)
+from nemo_polar.proxy.dialects.openai_chat import openai_error_body
+from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, RouteMatch, Sampling, StreamEvent
+from nemo_polar.types import Dialect
+
+DIALECT = Dialect.OPENAI_RESPONSES
+ROUTES: list[tuple[str, str, str]] = [("POST", "/v1/responses", "responses")]
+
+HOSTED_TOOLS = {
+    "web_search",
+    "web_search_preview",
+    "file_search",
+    "code_interpreter",
+    "image_generation",
+    "computer_use_preview",
+    "local_shell",
+    "mcp",
+    "tool_search",
+}
+
+
+def flat_name(namespace: str, name: str) -> str:
+    """The flattened name of a namespace's inner tool (`mcp__srv` + `ls` → `mcp__srv__ls`, `ns` + `f` → `ns__f`)."""
+    return namespace + name if namespace.endswith(("_", ".", "/")) else f"{namespace}__{name}"
+
+
+# ------------------------------------------------------------------------------------------ parse request
+
+
+def parse_request(body: bytes | dict[str, Any], route: RouteMatch) -> ChatRequest:
+    d = load_body(body)
+    model = req_str(d, "model", "model", nonempty=True)
+    if d.get("previous_response_id") is not None:
+        bad("previous_response_id is not supported: send the whole history in input", param="previous_response_id")
+    extra: dict[str, Any] = {}
+    tools = _ToolSet(extra)
+    tools.add(d.get("tools"), "tools")
+    system_texts: list[str] = []
+    instructions = opt_str(d, "instructions", "instructions")
+    if instructions:
+        system_texts.append(instructions)
+    inp = d.get("input")
+    if isinstance(inp, str):
+        items: list[Any] = [{"role": "user", "content": inp}]
+    elif isinstance(inp, list):
+        items = inp
+    elif inp is None:
+        bad("input: field required", param="input")
+    else:
+        bad("input: expected a string or an array of items", param="input")
+    ids = CallIds()
+    messages = _Items(ids, tools, system_texts, extra).run(items)
+    messages = with_system(system_texts, messages)
+    check_conversation(messages, "input")
+    if ids.original:
+        extra["tool_call_ids"] = dict(ids.original)
+    check_unique_tools(tools.tools, "tools")
+    if tools.map:
+        extra["tool_map"] = tools.map
+    tool_choice = _tool_choice(d.get("tool_choice"), extra)
+    reasoning = _reasoning(d, extra)
+    for key in ("include",):
+        v = opt_list(d, key, key)
+        if v is not None:
+            extra[key] = v
+    for key in ("prompt_cache_key", "service_tier", "user", "truncation"):
+        opt_str(d, key, key)
+    for key in ("metadata", "client_metadata"):
+        opt_dict(d, key, key)
+    opt_bool(d, "store", "store")
+    ptc = opt_bool(d, "parallel_tool_calls", "parallel_tool_calls")
+    if ptc is not None:
+        extra["parallel_tool_calls"] = ptc
+    sampling = Sampling(
+        max_tokens=opt_int(d, "max_output_tokens", "max_output_tokens", lo=1),
+        temperature=opt_num(d, "temperature", "temperature", lo=0.0, hi=2.0),
+        top_p=opt_num(d, "top_p", "top_p", lo=0.0, hi=1.0),
+    )
+    return ChatRequest(
+        dialect=DIALECT.value,
+        model=model,
+        messages=messages,
+        tools=tools.tools,
+        tool_choice=tool_choice,
+        response_format=_text_format(d.get("text")),
+        sampling=sampling,
+        stream=opt_bool(d, "stream", "stream") or False,
+        include_usage=True,
+        reasoning=reasoning,
+        extra=extra,
+    )
+
+
+class _ToolSet:
+    """Tools in OpenAI-Chat form plus the map from flattened names back to Responses tool kinds."""
+
+    def __init__(self, extra: dict[str, Any]):
+        self.tools: list[dict[str, Any]] = []
+        self.map: dict[str, dict[str, Any]] = {}  # flat name → {"kind", "name", "namespace"?}
+        self.extra = extra
+
+    def add(self, v: Any, path: str, namespace: str | None = None) -> None:
+        if v is None:
+            return
+        if not isinstance(v, list):
+            bad(f"{path}: expected an array", param=path)
+        for i, t in enumerate(v):
+            self._one(as_dict(t, f"{path}[{i}]"), f"{path}[{i}]", namespace)
+
+    def _one(self, t: dict[str, Any], path: str, namespace: str | None) -> None:
+        kind = t.get("type")
+        if kind == "namespace" and namespace is None:
+            ns = check_tool_name(t.get("name"), f"{path}.name")
+            inner = opt_list(t, "tools", f"{path}.tools", required=True)
+            self.add(inner, f"{path}.tools", ns)
+            return
+        if kind in ("function", "custom"):
+            name = check_tool_name(t.get("name"), f"{path}.name")
+            desc = opt_str(t, "description", f"{path}.description")
+            flat = flat_name(namespace, name) if namespace else name
+            if kind == "function":
+                params = schema_dict(t.get("parameters"), f"{path}.parameters")
+            else:
+                params = _custom_schema(opt_dict(t, "format", f"{path}.format"), f"{path}.format")
+            self.tools.append(function_tool(flat, desc, params))
+            if kind == "custom" or namespace:
+                entry: dict[str, Any] = {"kind": kind, "name": name}
+                if namespace:
+                    entry["namespace"] = namespace
+                self.map[flat] = entry
+            return
+        if isinstance(kind, str) and (kind in HOSTED_TOOLS or kind.startswith("web_search")):
+            self.extra.setdefault("dropped_tools", []).append(kind)
+            return
+        bad(f"{path}.type: unsupported tool type {kind!r}", param=f"{path}.type")
+
+
+def _custom_schema(fmt: dict[str, Any] | None, path: str) -> dict[str, Any]:
+    """A freeform custom tool as a function with one string argument; a grammar format goes into its description."""
+    prop: dict[str, Any] = {"type": "string"}
+    if fmt is not None and fmt.get("type") == "grammar":
+        syntax = opt_str(fmt, "syntax", f"{path}.syntax") or "grammar"
+        definition = opt_str(fmt, "definition", f"{path}.definition") or ""
+        prop["description"] = f"Freeform input matching this {syntax} grammar:\n{definition}"
+    return {"type": "object", "properties": {"input": prop}, "required": ["input"]}
+
+
+# -------------------------------------------------------------------------------------------- normalise
+
+
+class _Items:
+    """Walks input items; reasoning, assistant messages and calls accumulate into one assistant turn."""
+
+    def __init__(self, ids: CallIds, tools: _ToolSet, system_texts: list[str], extra: dict[str, Any]):
+        self.ids = ids
+        self.tools = tools
+        self.system_texts = system_texts
+        self.extra = extra
+        self.out: list[dict[str, Any]] = []
+        self._parts: list[dict[str, Any]] = []
+        self._calls: list[dict[str, Any]] = []
+        self._reasoning: list[str] = []
+        self._pending = False
+
+    def run(self, items: list[Any]) -> list[dict[str, Any]]:
+        for i, it in enumerate(items):
+            self._item(as_dict(it, f"input[{i}]"), f"input[{i}]")
+        self._flush()
+        return self.out
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        reasoning = "\n".join(self._reasoning) if self._reasoning else None
+        self.out.append(assistant_message(collapse_parts(self._parts), self._calls, reasoning))
+        self._parts, self._calls, self._reasoning, self._pending = [], [], [], False
+
+    def _item(self, it: dict[str, Any], path: str) -> None:
+        kind = it.get("type")
+        if kind is None or kind == "message":
+            self._message(it, path)
+        elif kind == "reasoning":
+            self._pending = True
+            texts = [
+                req_str(as_dict(c, f"{path}.content[{k}]"), "text", f"{path}.content[{k}].text")
+                for k, c in enumerate(opt_list(it, "content", f"{path}.content") or [])
+            ]
+            if not texts:
+                texts = [
+                    req_str(as_dict(s, f"{path}.summary[{k}]"), "text", f"{path}.summary[{k}].text")
+                    for k, s in enumerate(opt_list(it, "summary", f"{path}.summary") or [])
+                ]
+            if texts:
+                self._reasoning.append("\n".join(texts))
+        elif kind in ("function_call", "custom_tool_call"):
+            self._call(it, path, kind)
+        elif kind in ("function_call_output", "custom_tool_call_output"):
+            self._flush()
+            cid = self.ids.result(req_str(it, "call_id", f"{path}.call_id", nonempty=True))
+            self.out.append(tool_message(cid, self.ids, _content(it.get("output"), f"{path}.output")))
+        elif kind == "additional_tools":
+            self.tools.add(opt_list(it, "tools", f"{path}.tools", required=True), f"{path}.tools")
+        elif kind == "web_search_call":
+            self.extra.setdefault("dropped_items", []).append(kind)
+        else:
+            bad(f"{path}.type: unsupported input item type {kind!r}", param=f"{path}.type")
+
+    def _message(self, it: dict[str, Any], path: str) -> None:
+        role = it.get("role")
+        content = _content(it.get("content"), f"{path}.content")
+        if role in ("system", "developer"):
+            if not isinstance(content, str):
+                bad(f"{path}.content: {role} messages take text only", param=f"{path}.content")
+            self.system_texts.append(content)
+        elif role == "user":
+            self._flush()
+            self.out.append({"role": "user", "content": content})
+        elif role == "assistant":
+            self._pending = True
+            self._parts.extend([text_part(content)] if isinstance(content, str) else content)
+        else:
+            bad(f"{path}.role: must be user, assistant, system or developer; got {role!r}", param=f"{path}.role")
+
+    def _call(self, it: dict[str, Any], path: str, kind: str) -> None:
+        self._pending = True
+        call_id = req_str(it, "call_id", f"{path}.call_id", nonempty=True)
+        name = check_tool_name(it.get("name"), f"{path}.name")
+        ns = opt_str(it, "namespace", f"{path}.namespace")
+        if ns:
+            name = flat_name(ns, name)
+        if kind == "function_call":
+            args = canonical_arguments(req_str(it, "arguments", f"{path}.arguments") or "{}")
+        else:
+            args = json.dumps({"input": req_str(it, "input", f"{path}.input")}, ensure_ascii=False)
+        self._calls.append(tool_call_dict(self.ids.new_call(call_id, name), name, args))
+
+
+def _content(v: Any, path: str) -> str | list[dict[str, Any]]:
+    if v is None:
+        return ""
+    if isinstance(v, str):
+        return v
+    if not isinstance(v, list):
+        bad(f"{path}: expected a string or an array of content parts", param=path)
+    parts: list[dict[str, Any]] = []
+    for k, p in enumerate(v):
+        ppath = f"{path}[{k}]"
+        p = as_dict(p, ppath)
+        kind = p.get("type")
+        if kind in ("input_text", "output_text", "text"):
+            parts.append(text_part(req_str(p, "text", f"{ppath}.text")))
+        elif kind == "refusal":
+            parts.append(text_part(req_str(p, "refusal", f"{ppath}.refusal")))
+        elif kind == "input_image":
+            url = opt_str(p, "image_url", f"{ppath}.image_url")
+            if not url:
+                bad(f"{ppath}.image_url: an image URL is required (file ids are not supported)", param=ppath)
+            parts.append(image_part(url, opt_str(p, "detail", f"{ppath}.detail")))
+        else:
+            bad(f"{ppath}.type: unsupported content part type {kind!r}", param=f"{ppath}.type")
+    return collapse_parts(parts)
+
+
+def _tool_choice(v: Any, extra: dict[str, Any]) -> Any:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        if v not in ("auto", "none", "required"):
+            bad(f"tool_choice: must be auto, none, required or an object; got {v!r}", param="tool_choice")
+        return v
+    v = as_dict(v, "tool_choice")
+    kind = v.get("type")
+    if kind in ("function", "custom"):
+        name = check_tool_name(v.get("name"), "tool_choice.name")
+        ns = opt_str(v, "namespace", "tool_choice.namespace")
+        return {"type": "function", "function": {"name": flat_name(ns, name) if ns else name}}
+    if kind == "allowed_tools":
+        mode = v.get("mode", "auto")
+        if mode not in ("auto", "required"):
+            bad("tool_choice.mode: must be auto or required", param="tool_choice.mode")
+        extra["allowed_tools"] = v.get("tools")
+        return mode
+    if isinstance(kind, str) and (kind in HOSTED_TOOLS or kind.startswith("web_search")):
+        return "auto"
+    bad(f"tool_choice.type: unsupported tool choice {kind!r}", param="tool_choice.type")
+
+
+def _reasoning(d: dict[str, Any], extra: dict[str, Any]) -> bool | None:
+    r = opt_dict(d, "reasoning", "reasoning")
+    if r is None:
+        return None
+    effort = opt_str(r, "effort", "reasoning.effort")
+    opt_str(r, "summary", "reasoning.summary")
+    extra["reasoning"] = r
+    return None if effort is None else effort != "none"
+
+
+def _text_format(v: Any) -> dict[str, Any] | None:
+    if v is None:
+        return None
+    fmt = opt_dict(as_dict(v, "text"), "format", "text.format")
+    if fmt is None:
+        return None
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        out: dict[str, Any] = {"name": req_str(fmt, "name", "text.format.name", nonempty=True)}
+        out["schema"] = schema_dict(fmt.get("schema"), "text.format.schema")
+        strict = opt_bool(fmt, "strict", "text.format.strict")
+        if strict is not None:
+            out["strict"] = strict
+        return {"type": "json_schema", "json_schema": out}
+    bad(f"text.format.type: must be text, json_object or json_schema; got {kind!r}", param="text.format.type")
+
+
+# ---------------------------------------------------------------------------------------- render response
+
+
+def _status(result: ChatResult) -> tuple[str, dict[str, Any] | None]:
+    if result.finish_reason == "length":
+        return "incomplete", {"reason": "max_output_tokens"}
+    if result.finish_reason == "content_filter":
+        return "incomplete", {"reason": "content_filter"}
+    return "completed", None
+
+
+def _usage(result: ChatResult) -> dict[str, Any]:
+    return {
+        "input_tokens": result.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": 0},
+        "output_tokens": result.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": result.prompt_tokens + result.completion_tokens,
+    }
+
+
+def _reasoning_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    return {
+        "type": "reasoning",
+        "id": item_id,
+        "summary": [{"type": "summary_text", "text": text}] if text else [],
+        "content": [{"type": "reasoning_text", "text": text}] if text else [],
+        "status": status,
+    }
+
+
+def _message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
+    return {
+        "type": "message",
+        "id": item_id,
+        "status": status,
+        "role": "assistant",
+        "content": [{"type": "output_text", "text": text, "annotations": [], "logprobs": []}]
+        if status != "in_progress"
+        else [],
+    }
+
+
+def _call_item(req: ChatRequest, item_id: str, call_id: str, flat: str, arguments: str, status: str) -> dict[str, Any]:
+    """A function_call, or a custom_tool_call for a custom tool; namespaced names are split back."""
+    entry = req.extra.get("tool_map", {}).get(flat)
+    cid = call_id or new_id("call_")
+    if entry is not None and entry["kind"] == "custom":
+        parsed = None
+        if status == "completed":
+            try:
+                parsed = json.loads(arguments) if arguments else {}
+            except ValueError:
+                parsed = None
+        inp = parsed.get("input") if isinstance(parsed, dict) and isinstance(parsed.get("input"), str) else None
+        if inp is None:
+            inp = arguments if status == "completed" else ""
+        item: dict[str, Any] = {"type": "custom_tool_call", "id": item_id, "call_id": cid, "name": entry["name"]}
+        item["input"] = inp
+        item["status"] = status
+        if "namespace" in entry:
+            item["namespace"] = entry["namespace"]
+        return item
+    item = {"type": "function_call", "id": item_id, "call_id": cid, "name": flat, "arguments": arguments}
+    if entry is not None and "namespace" in entry:
+        item["name"] = entry["name"]
+        item["namespace"] = entry["namespace"]
+    item["status"] = status
+    return item
+
+
+def _response(req: ChatRequest, rid: str, created: int, status: str, output: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "id": rid,
+        "object": "response",
+        "created_at": created,
+        "status": status,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": None,
+        "metadata": {},
+        "model": req.model,
+        "output": output,
+        "parallel_tool_calls": req.extra.get("parallel_tool_calls", True),
+        "temperature": req.sampling.temperature,
+        "tool_choice": "auto",
+        "tools": [],
+        "top_p": req.sampling.top_p,
+        "max_output_tokens": req.sampling.max_tokens,
+        "store": False,
+        "usage": None,
+    }
+
+
+def render_response(result: ChatResult, req: ChatRequest) -> dict[str, Any]:
+    output: list[dict[str, Any]] = []
+    if result.reasoning:
+        output.append(_reasoning_item(new_id("rs_"), result.reasoning))
+    if result.content or not result.tool_calls:
+        output.append(_message_item(new_id("msg_"), result.content))
+    for tc in result.tool_calls:
+        output.append(_call_item(req, new_id("fc_"), tc.id, tc.name, tc.arguments, "completed"))
+    status, incomplete = _status(result)
+    body = _response(req, prefixed_id(result.response_id, "resp_"), now_s(), status, output)
+    body["incomplete_details"] = incomplete
+    body["usage"] = _usage(result)
+    return body
+
+
+# ------------------------------------------------------------------------------------------ render stream
+
+
+class StreamRenderer:
+    """Responses SSE for one streaming reply.
+
+    Reasoning and message items open one at a time and close when another kind starts; tool-call items stay open
+    until `finish` (so interleaved argument deltas still land on their item). Custom tool calls are buffered and
+    rendered whole at `finish` (their freeform input only exists once the argument JSON is complete).
+    """
+
+    def __init__(self, req: ChatRequest, response_id: str):
+        self.req = req
+        self.id = prefixed_id(response_id, "resp_")
+        self.created = now_s()
+        self._seq = 0
+        self._started = False
+        self._output: list[dict[str, Any] | None] = []
+        self._open: tuple[str, int, str] | None = None  # (kind, output_index, accumulated text)
+        self._calls: dict[int, tuple[int, str, str]] = {}  # tool index → (output_index, item id, call id)
+        self._seen = Catchup()
+
+    def _ev(self, kind: str, **fields: Any) -> bytes:
+        data = {"type": kind, "sequence_number": self._seq, **fields}
+        self._seq += 1
+        return sse(data, kind)
+
+    def _start(self) -> list[bytes]:
+        if self._started:
+            return []
+        self._started = True
+        resp = _response(self.req, self.id, self.created, "in_progress", [])
+        return [self._ev("response.created", response=resp), self._ev("response.in_progress", response=resp)]
+
+    def _close(self) -> list[bytes]:
+        if self._open is None:
+            return []
+        kind, idx, text = self._open
+        self._open = None
+        item = self._output[idx]
+        assert item is not None
+        iid = item["id"]
+        if kind == "reasoning":
+            part: dict[str, Any] = {"type": "summary_text", "text": text}
+            item = _reasoning_item(iid, text)
+            frames = [
+                self._ev(
+                    "response.reasoning_summary_text.done", item_id=iid, output_index=idx, summary_index=0, text=text
+                ),
+                self._ev(
+                    "response.reasoning_summary_part.done", item_id=iid, output_index=idx, summary_index=0, part=part
+                ),
+            ]
+        else:
+            part = {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
+            item = _message_item(iid, text)
+            frames = [
+                self._ev(
+                    "response.output_text.done", item_id=iid, output_index=idx, content_index=0, text=text, logprobs=[]
+                ),
+                self._ev("response.content_part.done", item_id=iid, output_index=idx, content_index=0, part=part),
+            ]
+        self._output[idx] = item
+        frames.append(self._ev("response.output_item.done", output_index=idx, item=item))
+        return frames
+
+    def _text(self, kind: str, text: str) -> list[bytes]:
+        frames: list[bytes] = []
+        if self._open is None or self._open[0] != kind:
+            frames += self._close()
+            idx = len(self._output)
+            if kind == "reasoning":
+                item = _reasoning_item(new_id("rs_"), "", "in_progress")
+                self._output.append(item)
+                frames.append(self._ev("response.output_item.added", output_index=idx, item=item))
+                part: dict[str, Any] = {"type": "summary_text", "text": ""}
+                frames.append(
+                    self._ev(
+                        "response.reasoning_summary_part.added",
+                        item_id=item["id"],
+                        output_index=idx,
+                        summary_index=0,
+                        part=part,
+                    )
+                )
+            else:
+                item = _message_item(new_id("msg_"), "", "in_progress")
+                self._output.append(item)
+                frames.append(self._ev("response.output_item.added", output_index=idx, item=item))
+                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+                frames.append(
+                    self._ev(
+                        "response.content_part.added", item_id=item["id"], output_index=idx, content_index=0, part=part
+                    )
+                )
+            self._open = (kind, idx, "")
+        assert self._open is not None
+        _, idx, acc = self._open
+        self._open = (kind, idx, acc + text)
+        cur = self._output[idx]
+        assert cur is not None
+        item = cur
+        if not text:
+            return frames
+        if kind == "reasoning":
+            self._seen.reasoning += text
+            frames.append(
+                self._ev(
+                    "response.reasoning_summary_text.delta",
+                    item_id=item["id"],
+                    output_index=idx,
+                    summary_index=0,
+                    delta=text,
+                )
+            )
+        else:
+            self._seen.text += text
+            frames.append(
+                self._ev(
+                    "response.output_text.delta",
+                    item_id=item["id"],
+                    output_index=idx,
+                    content_index=0,
+                    delta=text,
+                    logprobs=[],
+                )
+            )
+        return frames
+
+    def _is_custom(self, name: str) -> bool:
+        entry = self.req.extra.get("tool_map", {}).get(name)
+        return entry is not None and entry["kind"] == "custom"
+
+    def _call(self, index: int, call_id: str, name: str) -> list[bytes]:
+        frames = self._close()
+        idx = len(self._output)
+        cid = call_id or new_id("call_")
+        iid = new_id("ctc_" if self._is_custom(name) else "fc_")
+        self._calls[index] = (idx, iid, cid)
+        self._seen.calls[index] = [call_id, name, ""]
+        item = _call_item(self.req, iid, cid, name, "", "in_progress")
+        self._output.append(item)
+        frames.append(self._ev("response.output_item.added", output_index=idx, item=item))
+        return frames
+
+    def _args(self, index: int, text: str) -> list[bytes]:
+        if index not in self._calls or not text:
+            return []
+        self._seen.calls[index][2] += text
+        if self._is_custom(self._seen.calls[index][1]):
+            return []
+        idx, iid, _ = self._calls[index]
+        return [self._ev("response.function_call_arguments.delta", item_id=iid, output_index=idx, delta=text)]
+
+    def _close_call(self, index: int) -> list[bytes]:
+        idx, iid, cid = self._calls[index]
+        _, name, args = self._seen.calls[index]
+        item = _call_item(self.req, iid, cid, name, args, "completed")
+        self._output[idx] = item
+        if item["type"] == "custom_tool_call":
+            inp = item["input"]
+            frames = [
+                self._ev("response.custom_tool_call_input.delta", item_id=iid, output_index=idx, delta=inp),
+                self._ev("response.custom_tool_call_input.done", item_id=iid, output_index=idx, input=inp),
+            ]
+        else:
+            frames = [
+                self._ev(
+                    "response.function_call_arguments.done",
+                    item_id=iid,
+                    output_index=idx,
+                    name=item["name"],
+                    arguments=args,
+                )
+            ]
+        frames.append(self._ev("response.output_item.done", output_index=idx, item=item))
+        return frames
+
+    def feed(self, ev: StreamEvent) -> list[bytes]:
+        frames = self._start()
+        if ev.kind == "text" and ev.text:
+            frames += self._text("message", ev.text)
+        elif ev.kind == "reasoning" and ev.text:
+            frames += self._text("reasoning", ev.text)
+        elif ev.kind == "tool_call":
+            frames += self._call(ev.index, ev.id or "", ev.name or "")
+        elif ev.kind == "tool_args":
+            frames += self._args(ev.index, ev.text)
+        return frames
+
+    def finish(self, result: ChatResult) -> list[bytes]:
+        """Catch up on what was not streamed, close every item, then `response.completed` with usage."""
+        frames = self._start()
+        if rest := self._seen.missing_reasoning(result.reasoning):
+            frames += self._text("reasoning", rest)
+        if rest := self._seen.missing_text(result.content):
+            frames += self._text("message", rest)
+        if not self._output and not result.tool_calls:
+            frames += self._text("message", "")
+        for i, tc, rest in self._seen.missing_calls(result):
+            if i not in self._calls:
+                frames += self._call(i, tc.id, tc.name)
+            frames += self._args(i, rest)
+        frames += self._close()
+        for index in sorted(self._calls, key=lambda k: self._calls[k][0]):
+            frames += self._close_call(index)
+        status, incomplete = _status(result)
+        resp = _response(self.req, self.id, self.created, status, [o for o in self._output if o is not None])
+        resp["incomplete_details"] = incomplete
+        resp["usage"] = _usage(result)
+        kind = "response.completed" if status == "completed" else "response.incomplete"
+        frames.append(self._ev(kind, response=resp))
+        return frames
+
+    def error(self, err: ProviderError) -> list[bytes]:
+        """A mid-stream failure as `response.failed` (Codex retries on it)."""
+        frames = self._start()
+        resp = _response(self.req, self.id, self.created, "failed", [o for o in self._output if o is not None])
+        _, body, _ = render_error(err)
+        resp["error"] = {"code": body["error"]["code"] or "server_error", "message": err.message}
+        frames.append(self._ev("response.failed", response=resp))
+        return frames
+
+
+# ------------------------------------------------------------------------------------------------ errors
+
+
+def render_error(err: ProviderError) -> tuple[int, dict[str, Any], dict[str, str]]:
+    return err.status, openai_error_body(err), retry_headers(err)
