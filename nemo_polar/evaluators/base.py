@@ -1,0 +1,123 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Evaluator contract, registry and the containment wrapper the gateway calls.
+
+An evaluator is `async def evaluate(ctx: EvalContext) -> EvalResult`. The gateway never calls one directly:
+`run_evaluator` resolves it (registry name or dotted path `pkg.mod:fn` / `pkg.mod.fn`), applies a timeout and
+turns every failure into an `EvalResult` with reward 0, a `failure_kind` and — for infrastructure failures
+(the evaluator crashed, timed out, was not found, returned garbage) — `mask_sample=True`, so a broken verifier
+never crashes a gateway nor trains the policy on a wrong 0.
+
+This module runs no tests itself; see `swe_tests`, `command`, `session_completed`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from nemo_polar.types import EvalResult, Trajectory, ValidationError
+
+if TYPE_CHECKING:
+    from nemo_polar.rollout.runtime import Runtime
+
+__all__ = [
+    "EvalContext",
+    "Evaluator",
+    "failure",
+    "get_evaluator",
+    "register_evaluator",
+    "run_evaluator",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class EvalContext:
+    """What an evaluator may look at. `runtime` is the session's own (still alive in POSTRUN);
+    `fresh_runtime()` makes a clean copy of the task's runtime (prepare actions applied) — the gateway
+    destroys every runtime it hands out once evaluation is over."""
+
+    task_id: str
+    sample_index: int
+    instruction: str
+    options: Mapping[str, Any]
+    status: str
+    diff: str
+    session_dir: Path
+    agent_exit_code: int | None = None
+    trajectory: Trajectory | None = None
+    runtime: Runtime | None = None
+    fresh_runtime: Callable[[], Awaitable[Runtime]] | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+Evaluator = Callable[[EvalContext], Awaitable[EvalResult]]
+
+_REGISTRY: dict[str, Evaluator] = {}
+
+
+def register_evaluator(name: str) -> Callable[[Evaluator], Evaluator]:
+    def deco(fn: Evaluator) -> Evaluator:
+        _REGISTRY[name] = fn
+        return fn
+
+    return deco
+
+
+def get_evaluator(name: str) -> Evaluator:
+    """A registered evaluator, or one importable by dotted path; `KeyError` when neither."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    mod_name, sep, attr = name.partition(":")
+    if not sep:
+        mod_name, _, attr = name.rpartition(".")
+    if not mod_name or not attr:
+        raise KeyError(f"unknown evaluator {name!r}; registered: {sorted(_REGISTRY)}")
+    try:
+        fn = getattr(importlib.import_module(mod_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise KeyError(f"cannot import evaluator {name!r}: {exc}") from exc
+    if not callable(fn):
+        raise KeyError(f"evaluator {name!r} is not callable")
+    return fn  # type: ignore[no-any-return]
+
+
+def failure(kind: str, reason: str, *, mask_sample: bool, **details: Any) -> EvalResult:
+    """Reward 0 with a failure kind (`mask_sample` for infrastructure failures)."""
+    return EvalResult(
+        reward=0.0,
+        resolved=False,
+        mask_sample=mask_sample,
+        failure_kind=kind,
+        failure_reason=reason[-2000:],
+        details=dict(details),
+    )
+
+
+async def run_evaluator(name: str, ctx: EvalContext, *, timeout_s: float) -> EvalResult:
+    """Resolve and run an evaluator; never raises (except cancellation of the caller)."""
+    try:
+        fn = get_evaluator(name)
+    except KeyError as exc:
+        return failure("evaluator_not_found", str(exc), mask_sample=True)
+    try:
+        result = await asyncio.wait_for(fn(ctx), timeout=timeout_s)
+    except TimeoutError:
+        return failure("evaluator_timeout", f"evaluator {name!r} exceeded {timeout_s}s", mask_sample=True)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        log.warning("evaluator %s crashed on %s/%s", name, ctx.task_id, ctx.sample_index, exc_info=True)
+        return failure("evaluator_error", f"{type(exc).__name__}: {exc}", mask_sample=True)
+    if not isinstance(result, EvalResult):
+        return failure("evaluator_bad_result", f"evaluator returned {type(result).__name__}", mask_sample=True)
+    try:
+        return result.validate()
+    except ValidationError as exc:
+        return failure("evaluator_bad_result", str(exc), mask_sample=True)

@@ -1,0 +1,286 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The `Runtime` protocol the gateway and the evaluators use, and the plain local runtime (`isolation: none`).
+
+A runtime is one session's private copy of the task repo (`workdir`) with a private HOME and tmp: commands run
+in it with a timeout, files are uploaded into it, `diff()` returns everything changed since it was created (a git
+baseline taken at creation, so the agent's own commits are included), `destroy()` kills what still runs and
+removes it. Every command runs in its own process group; a timeout or a cancellation kills the whole group.
+
+`LocalRuntime` runs plain host processes: no sandbox, no network isolation. It is only chosen when a task says
+`isolation: none`; the bubblewrap sandbox lives in `nemo_polar.runtime` (another package). This module knows
+nothing of agents or evaluators.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Protocol, runtime_checkable
+
+from nemo_polar.rollout.spec import RuntimeSpec
+
+__all__ = ["ExecResult", "LocalRuntime", "Runtime", "RuntimeSetupError", "create_runtime"]
+
+_TAIL = 64 * 1024
+_GIT_EXCLUDES = "__pycache__/\n*.pyc\n.pytest_cache/\n.polar/\n"
+
+
+class RuntimeSetupError(RuntimeError):
+    """A runtime could not be created (bad source, unavailable isolation, setup command failed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExecResult:
+    exit_code: int | None
+    stdout: str
+    stderr: str
+    timed_out: bool
+    duration_s: float
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and not self.timed_out
+
+
+@runtime_checkable
+class Runtime(Protocol):
+    session_id: str
+    workdir: Path
+    home: Path
+
+    async def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout_s: float,
+        env: Mapping[str, str] | None = None,
+        stdout_path: Path | None = None,
+    ) -> ExecResult: ...
+
+    async def write_file(self, rel: str, data: str | bytes, mode: int = 0o644) -> None: ...
+
+    async def upload_dir(self, src: Path, rel: str) -> None: ...
+
+    async def diff(self) -> str: ...
+
+    async def destroy(self) -> None: ...
+
+
+def _kill_group(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+def _inside(root: Path, rel: str) -> Path:
+    path = (root / rel).resolve()
+    if path != root.resolve() and root.resolve() not in path.parents:
+        raise RuntimeSetupError(f"path {rel!r} escapes the workdir")
+    return path
+
+
+class LocalRuntime:
+    """A per-session directory with plain host processes (`isolation: none`)."""
+
+    def __init__(self, session_id: str, root: Path, spec: RuntimeSpec):
+        self.session_id = session_id
+        self.root = root
+        self.workdir = root / "workdir"
+        self.home = root / "home"
+        self.tmp = root / "tmp"
+        self.spec = spec
+        self._groups: set[int] = set()
+        self._base_sha: str | None = None
+
+    @classmethod
+    async def create(cls, session_id: str, spec: RuntimeSpec, root: Path) -> LocalRuntime:
+        rt = cls(session_id, root, spec)
+        try:
+            await asyncio.to_thread(rt._populate)
+            await rt._baseline()
+        except BaseException:
+            await rt.destroy()
+            raise
+        return rt
+
+    def _populate(self) -> None:
+        if self.root.exists():
+            shutil.rmtree(self.root)
+        for d in (self.workdir, self.home, self.tmp):
+            d.mkdir(parents=True)
+        source = self.spec.source
+        if source is None:
+            return
+        if source.startswith("example:"):
+            from nemo_polar import examples
+
+            try:
+                examples.materialize(source.split(":", 1)[1], self.workdir)
+            except KeyError as exc:
+                raise RuntimeSetupError(str(exc)) from exc
+            return
+        src = Path(source)
+        if not src.is_dir():
+            raise RuntimeSetupError(f"runtime source {source!r} is not a directory")
+        shutil.copytree(src, self.workdir, dirs_exist_ok=True, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+
+    def base_env(self) -> dict[str, str]:
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
+        env = {
+            "PATH": path,
+            "HOME": str(self.home),
+            "TMPDIR": str(self.tmp),
+            "LANG": "C.UTF-8",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "POLAR_SESSION_ID": self.session_id,
+        }
+        env.update(self.spec.env)
+        return env
+
+    async def _git(self, *args: str, timeout_s: float = 60.0) -> ExecResult:
+        argv = ["git", "-c", "user.name=polar", "-c", "user.email=polar@localhost", "-c", "commit.gpgsign=false"]
+        return await self.exec([*argv, *args], timeout_s=timeout_s)
+
+    async def _baseline(self) -> None:
+        for step in (("init", "-q"), ("add", "-A"), ("commit", "-q", "--allow-empty", "-m", "polar baseline")):
+            res = await self._git(*step)
+            if not res.ok:
+                raise RuntimeSetupError(f"git {step[0]} failed: {res.stderr.strip()[-500:]}")
+            if step[0] == "init":  # build debris never counts as the agent's change
+                (self.workdir / ".git" / "info").mkdir(exist_ok=True)
+                (self.workdir / ".git" / "info" / "exclude").write_text(_GIT_EXCLUDES)
+        head = await self._git("rev-parse", "HEAD")
+        self._base_sha = head.stdout.strip()
+
+    async def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout_s: float,
+        env: Mapping[str, str] | None = None,
+        stdout_path: Path | None = None,
+    ) -> ExecResult:
+        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        full_env = self.base_env()
+        full_env.update(env or {})
+        out_file = _open_log(stdout_path) if stdout_path is not None else None
+        t0 = time.monotonic()
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *argv,
+                cwd=self.workdir,
+                env=full_env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=out_file if out_file is not None else asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT if out_file is not None else asyncio.subprocess.PIPE,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            if out_file is not None:
+                out_file.close()
+            return ExecResult(None, "", f"cannot start {argv[0]!r}: {exc}", False, time.monotonic() - t0)
+        self._groups.add(proc.pid)
+        timed_out = False
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)
+        except TimeoutError:
+            timed_out = True
+            _kill_group(proc.pid)
+            out, err = await proc.communicate()
+        except BaseException:  # cancellation: kill the whole tree, then re-raise
+            _kill_group(proc.pid)
+            with contextlib.suppress(Exception):
+                await asyncio.shield(proc.wait())
+            raise
+        finally:
+            if out_file is not None:
+                out_file.close()
+            _kill_group(proc.pid)  # leftovers the command backgrounded
+            self._groups.discard(proc.pid)
+        if stdout_path is not None:
+            out = _tail_bytes(stdout_path)
+        return ExecResult(
+            proc.returncode,
+            (out or b"").decode(errors="replace")[-_TAIL:],
+            (err or b"").decode(errors="replace")[-_TAIL:],
+            timed_out,
+            time.monotonic() - t0,
+        )
+
+    async def write_file(self, rel: str, data: str | bytes, mode: int = 0o644) -> None:
+        await asyncio.to_thread(_write, _inside(self.workdir, rel), data, mode)
+
+    async def upload_dir(self, src: Path, rel: str) -> None:
+        await asyncio.to_thread(_copy_dir, src, _inside(self.workdir, rel))
+
+    async def diff(self) -> str:
+        if self._base_sha is None:
+            return ""
+        add = await self._git("add", "-A")
+        if not add.ok:
+            raise RuntimeSetupError(f"git add failed: {add.stderr.strip()[-500:]}")
+        res = await self._git("diff", "--cached", "--binary", self._base_sha)
+        if not res.ok:
+            raise RuntimeSetupError(f"git diff failed: {res.stderr.strip()[-500:]}")
+        return res.stdout
+
+    async def destroy(self) -> None:
+        for pgid in list(self._groups):
+            _kill_group(pgid)
+        self._groups.clear()
+        await asyncio.to_thread(shutil.rmtree, self.root, True)
+
+
+def _open_log(path: Path) -> IO[bytes]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return open(path, "wb")
+
+
+def _write(path: Path, data: str | bytes, mode: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data.encode() if isinstance(data, str) else data)
+    path.chmod(mode)
+
+
+def _copy_dir(src: Path, dest: Path) -> None:
+    if not src.is_dir():
+        raise RuntimeSetupError(f"upload_dir source {str(src)!r} is not a directory")
+    shutil.copytree(src, dest, dirs_exist_ok=True, symlinks=True)
+
+
+def _tail_bytes(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - _TAIL))
+        return f.read()
+
+
+async def create_runtime(session_id: str, spec: RuntimeSpec, root: Path) -> Runtime:
+    """A runtime for `spec`: `local` + `isolation: none` is built here; sandboxed kinds come from
+    `nemo_polar.runtime` when it provides them, otherwise this fails explicitly (never silently unsandboxed)."""
+    if spec.kind == "local" and spec.isolation == "none":
+        return await LocalRuntime.create(session_id, spec, root)
+    try:
+        from nemo_polar import runtime as sandbox_pkg
+
+        factory = getattr(sandbox_pkg, "create_runtime", None)
+    except ImportError:  # pragma: no cover - the package exists in the layout
+        factory = None
+    if factory is None:
+        raise RuntimeSetupError(
+            f"runtime kind={spec.kind!r} isolation={spec.isolation!r} is not available "
+            "(nemo_polar.runtime provides no create_runtime yet); use isolation: none for plain processes"
+        )
+    rt = await factory(session_id, spec, root)
+    if not isinstance(rt, Runtime):
+        raise RuntimeSetupError(f"nemo_polar.runtime.create_runtime returned {type(rt).__name__}, not a Runtime")
+    return rt
