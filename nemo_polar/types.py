@@ -391,6 +391,8 @@ class TrajectoryStats(_JsonMixin):
     trainable_tokens: int = 0
     delivered_fraction: float = 1.0
     drift_tokens: int = 0
+    # sampled tokens a policy kept out of training, by policy (`forced_masked`, `side_masked`, `side_dropped`)
+    policy_tokens: dict[str, int] = field(default_factory=dict)
 
     def validate(self) -> TrajectoryStats:
         errors: list[str] = []
@@ -401,6 +403,9 @@ class TrajectoryStats(_JsonMixin):
             v = getattr(self, name)
             if type(v) is not int or v < 0:
                 errors.append(f"{name} must be a non-negative int, got {v!r}")
+        for k, v in self.policy_tokens.items():
+            if type(v) is not int or v < 0:
+                errors.append(f"policy_tokens[{k!r}] must be a non-negative int, got {v!r}")
         if not (0.0 <= self.delivered_fraction <= 1.0):
             errors.append(f"delivered_fraction must be in [0, 1], got {self.delivered_fraction!r}")
         if errors:
