@@ -152,12 +152,19 @@ def _system(v: Any) -> list[str]:
     return ["\n".join(texts)] if texts else []
 
 
-def lower_types(schema: Any) -> Any:
+def lower_types(schema: Any, path: str = "schema") -> Any:
     """OpenAPI-style Gemini schema (`type: "OBJECT"`) → JSON schema (`type: "object"`), recursively."""
+    try:
+        return _lower(schema)
+    except RecursionError:
+        bad(f"{path}: nested too deeply", param=path)
+
+
+def _lower(schema: Any) -> Any:
     if isinstance(schema, dict):
-        return {k: (v.lower() if k == "type" and isinstance(v, str) else lower_types(v)) for k, v in schema.items()}
+        return {k: (v.lower() if k == "type" and isinstance(v, str) else _lower(v)) for k, v in schema.items()}
     if isinstance(schema, list):
-        return [lower_types(v) for v in schema]
+        return [_lower(v) for v in schema]
     return schema
 
 
