@@ -381,7 +381,7 @@ def _status(result: ChatResult) -> tuple[str, dict[str, Any] | None]:
 def _usage(result: ChatResult) -> dict[str, Any]:
     return {
         "input_tokens": result.prompt_tokens,
-        "input_tokens_details": {"cached_tokens": 0},
+        "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
         "output_tokens": result.completion_tokens,
         "output_tokens_details": {"reasoning_tokens": 0},
         "total_tokens": result.prompt_tokens + result.completion_tokens,
