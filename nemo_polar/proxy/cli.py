@@ -1,0 +1,80 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`polar proxy`: run the model-API proxy standalone in front of one or more vLLM (or SGLang) servers.
+
+    polar proxy --upstream http://127.0.0.1:8000 [--upstream URL ...] --port 8080 --store runs/proxy
+
+The control token for the admin API comes from `POLAR_CONTROL_TOKEN`, or is generated and printed.
+This module only parses flags; the server is `nemo_polar.proxy.app`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = subparsers.add_parser("proxy", help="run the model-API proxy (records every call token-faithfully)")
+    p.add_argument(
+        "--upstream",
+        action="append",
+        required=True,
+        metavar="URL",
+        help="inference server base URL (repeat for several; sessions stick to one by hash)",
+    )
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--store", required=True, metavar="DIR", help="record store directory (SQLite WAL)")
+    p.add_argument("--engine", default="vllm", choices=["vllm", "sglang"])
+    p.add_argument("--served-model", default=None, help="served model name (default: the upstream's first model)")
+    p.add_argument(
+        "--sampling",
+        default=None,
+        metavar="JSON",
+        help='gateway sampling overrides, e.g. \'{"temperature": 1.0, "top_p": 1.0, "max_tokens": 4096}\'',
+    )
+    p.add_argument("--strict-models", action="store_true", help="404 for model names that are not served")
+    p.add_argument(
+        "--prefix-preserving",
+        choices=["splice", "nemo_rl"],
+        default=None,
+        help="splice: the proxy splices the chain tip itself (stock vLLM, needs --model-dir); "
+        "nemo_rl: send required_prefix_token_ids",
+    )
+    p.add_argument(
+        "--model-dir", default=None, help="tokenizer + chat template folder (for --prefix-preserving splice)"
+    )
+    p.add_argument(
+        "--chat-template", default=None, help="chat template file vLLM was started with, if not the model's"
+    )
+    p.add_argument(
+        "--no-fsync", action="store_true", help="synchronous=NORMAL: records survive a killed proxy, not a power loss"
+    )
+    p.add_argument("--read-timeout-s", type=float, default=600.0)
+    p.add_argument("--connect-timeout-s", type=float, default=5.0)
+    p.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from nemo_polar.proxy.app import ProxyConfig, run
+
+    sampling: dict[str, Any] = json.loads(args.sampling) if args.sampling else {}
+    cfg = ProxyConfig(
+        upstreams=args.upstream,
+        store_dir=args.store,
+        engine=args.engine,
+        served_model=args.served_model,
+        sampling=sampling,
+        strict_models=args.strict_models,
+        prefix_preserving=args.prefix_preserving,
+        model_dir=args.model_dir,
+        chat_template=args.chat_template,
+        fsync=not args.no_fsync,
+        read_timeout_s=args.read_timeout_s,
+        connect_timeout_s=args.connect_timeout_s,
+    )
+    run(cfg, host=args.host, port=args.port)
+    return 0

