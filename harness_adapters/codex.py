@@ -6,8 +6,12 @@ Writes `$CODEX_HOME/config.toml` (`CODEX_HOME` = `~/.codex`): a custom `polar` m
 `POLAR_API_KEY` and sent as Bearer, update checks and analytics off, MCP servers as `[mcp_servers.<name>]`
 tables; skills in `$CODEX_HOME/skills/<name>/SKILL.md`.
 
-Classification: every request that offers tools is the main agent; tool-less requests (compaction summaries,
-memory passes) are side calls.
+Codex offers no `apply_patch` tool for model names outside its catalog; edits and writes are resolved into
+`exec_command` running Codex's own `apply_patch` command (a heredoc), which Codex intercepts and applies itself.
+
+Classification: Codex states the kind in its turn metadata (`client_metadata["x-codex-turn-metadata"]`:
+`request_kind`, and `agent_name`, "/root" for the main agent, a longer path for spawned agents); without the
+original body, a request offering tools is the main agent and a tool-less one (compaction, memory) is side.
 """
 
 from __future__ import annotations
@@ -31,6 +35,22 @@ def _toml_inline(table: Mapping[str, str]) -> str:
     return "{ " + ", ".join(f"{_toml_str(k)} = {_toml_str(v)}" for k, v in table.items()) + " }"
 
 
+def _apply_patch_command(patch: str) -> str:
+    return f"apply_patch <<'PATCH'\n{patch}PATCH"
+
+
+def _turn_metadata(original: Mapping[str, Any] | None) -> dict[str, Any]:
+    meta = (original or {}).get("client_metadata")
+    raw = meta.get("x-codex-turn-metadata") if isinstance(meta, Mapping) else None
+    if not isinstance(raw, str):
+        return {}
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
 class CodexAdapter(HarnessAdapter):
     name = "codex"
     package = "@openai/codex"
@@ -39,8 +59,8 @@ class CodexAdapter(HarnessAdapter):
     executable = "codex"
     dialect = "openai_responses"
     shell_tool = "exec_command"  # the shell tool Codex offers for model names outside its catalog
-    edit_tool = "apply_patch"
-    write_tool = "apply_patch"
+    edit_tool = "exec_command"
+    write_tool = "exec_command"
     role_hints: ClassVar[Mapping[str, Role]] = {"apply_patch": "AE", "view_image": "IG", "web_search": "IG"}
 
     def prepare(self, ctx: HarnessContext) -> dict[str, str]:
@@ -97,6 +117,13 @@ class CodexAdapter(HarnessAdapter):
         return [*argv, "--json", "-C", ctx.workdir, "-m", ctx.model, instruction]
 
     def classify_request(self, request: Mapping[str, Any], original: Mapping[str, Any] | None = None) -> CallKind:
+        meta = _turn_metadata(original)
+        if meta:
+            if meta.get("request_kind", "turn") != "turn":
+                return CallKind.SIDE
+            agent = meta.get("agent_name")
+            if isinstance(agent, str) and agent not in ("", "/root"):
+                return CallKind.SUBAGENT
         return CallKind.MAIN if tool_names(request) else CallKind.SIDE
 
     def shell_arguments(self, command: str) -> dict[str, Any]:
@@ -106,8 +133,8 @@ class CodexAdapter(HarnessAdapter):
         minus = "".join(f"-{line}\n" for line in old.splitlines())
         plus = "".join(f"+{line}\n" for line in new.splitlines())
         patch = f"*** Begin Patch\n*** Update File: {ctx.path(path)}\n@@\n{minus}{plus}*** End Patch\n"
-        return {"input": patch}
+        return {"cmd": _apply_patch_command(patch)}
 
     def write_arguments(self, ctx: HarnessContext, path: str, content: str) -> dict[str, Any]:
         body = "".join(f"+{line}\n" for line in content.splitlines())
-        return {"input": f"*** Begin Patch\n*** Add File: {ctx.path(path)}\n{body}*** End Patch\n"}
+        return {"cmd": _apply_patch_command(f"*** Begin Patch\n*** Add File: {ctx.path(path)}\n{body}*** End Patch\n")}

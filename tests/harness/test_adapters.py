@@ -95,7 +95,7 @@ def test_telemetry_and_update_checks_are_off() -> None:
 # native shapes: (shell tool, shell args, edit tool, key holding the path in the edit args)
 NATIVE = {
     "claude_code": ("Bash", "command", "Edit", "file_path"),
-    "codex": ("exec_command", "cmd", "apply_patch", None),
+    "codex": ("exec_command", "cmd", "exec_command", None),
     "gemini_cli": ("run_shell_command", "command", "replace", "file_path"),
     "qwen_code": ("run_shell_command", "command", "edit", "file_path"),
     "opencode": ("bash", "command", "edit", "filePath"),
@@ -124,11 +124,30 @@ def test_plan_steps_resolve_to_native_tool_calls(name: str) -> None:
 
 def test_codex_patch_grammar() -> None:
     step = get_adapter("codex").resolve_step({"edit": {"path": "a.py", "old": "x = 1\ny = 2", "new": "x = 3"}}, CTX)
-    assert step[0]["arguments"]["input"] == (
-        "*** Begin Patch\n*** Update File: /sandbox/work/a.py\n@@\n-x = 1\n-y = 2\n+x = 3\n*** End Patch\n"
+    assert step[0]["tool"] == "exec_command"
+    assert step[0]["arguments"]["cmd"] == (
+        "apply_patch <<'PATCH'\n*** Begin Patch\n*** Update File: /sandbox/work/a.py\n@@\n-x = 1\n-y = 2\n+x = 3\n"
+        "*** End Patch\nPATCH"
     )
     write = get_adapter("codex").resolve_step({"write": {"path": "/abs/b.txt", "content": "one\ntwo\n"}}, CTX)
-    assert write[0]["arguments"]["input"] == "*** Begin Patch\n*** Add File: /abs/b.txt\n+one\n+two\n*** End Patch\n"
+    assert write[0]["arguments"]["cmd"] == (
+        "apply_patch <<'PATCH'\n*** Begin Patch\n*** Add File: /abs/b.txt\n+one\n+two\n*** End Patch\nPATCH"
+    )
+
+
+def test_codex_classification_reads_its_turn_metadata() -> None:
+    import json
+
+    c = get_adapter("codex").classify_request
+
+    def original(**meta: str) -> dict[str, object]:
+        return {"client_metadata": {"x-codex-turn-metadata": json.dumps(meta)}}
+
+    tools = _req("dev", ("exec_command",))
+    assert c(tools, original(agent_name="/root", request_kind="turn")) == CallKind.MAIN
+    assert c(tools, original(agent_name="/root/worker_1", request_kind="turn")) == CallKind.SUBAGENT
+    assert c(tools, original(agent_name="/root", request_kind="compact")) == CallKind.SIDE
+    assert c(tools, {"client_metadata": {"x-codex-turn-metadata": "not json"}}) == CallKind.MAIN
 
 
 def test_mini_swe_agent_edit_is_a_working_shell_command(tmp_path: object) -> None:
