@@ -694,8 +694,8 @@ class StreamRenderer:
         """A mid-stream failure as `response.failed` (Codex retries on it)."""
         frames = self._start()
         resp = _response(self.req, self.id, self.created, "failed", [o for o in self._output if o is not None])
-        _, body, _ = render_error(err)
-        resp["error"] = {"code": body["error"]["code"] or "server_error", "message": err.message}
+        code = {"rate_limit": "rate_limit_exceeded", "invalid_request": "invalid_prompt"}.get(err.kind, "server_error")
+        resp["error"] = {"code": code, "message": err.message}
         frames.append(self._ev("response.failed", response=resp))
         return frames
 
