@@ -1,0 +1,190 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Bad client input through real HTTP, per dialect: always a 4xx in the caller's provider error shape, never a 500.
+
+Each table row is sent to the running proxy (FAKE upstream behind it: none of these may reach a model). The
+parsers' own tables live with the dialects (tests/proxy/dialects); these check the server path around them: body
+reading, JSON decoding, size limits, auth, routing, closed sessions.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.proxy.conftest import http_json
+
+BIG = 2 * 1024 * 1024
+
+DIALECTS = {
+    "anthropic_messages": (
+        "/v1/messages",
+        {"model": "claude-x", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+        [
+            ("messages not a list", {"messages": "hi"}),
+            ("missing messages", {"messages": None}),
+            ("bad role", {"messages": [{"role": "wizard", "content": "hi"}]}),
+            ("content wrong type", {"messages": [{"role": "user", "content": 5}]}),
+            ("negative max_tokens", {"max_tokens": -1}),
+            ("max_tokens string", {"max_tokens": "many"}),
+            ("temperature string", {"temperature": "hot"}),
+            ("tools not a list", {"tools": {"name": "x"}}),
+            ("tool without name", {"tools": [{"input_schema": {"type": "object"}}]}),
+            ("bad block type", {"messages": [{"role": "user", "content": [{"type": "nonsense"}]}]}),
+            ("system wrong type", {"system": 7}),
+            ("model not a string", {"model": 3}),
+        ],
+        lambda status, b: b["type"] == "error" and isinstance(b["error"]["type"], str) and b["error"]["message"],
+    ),
+    "openai_chat": (
+        "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+        [
+            ("messages not a list", {"messages": "hi"}),
+            ("missing messages", {"messages": None}),
+            ("bad role", {"messages": [{"role": "wizard", "content": "hi"}]}),
+            ("content wrong type", {"messages": [{"role": "user", "content": 5}]}),
+            ("negative max_tokens", {"max_tokens": -1}),
+            ("max_tokens string", {"max_tokens": "many"}),
+            ("temperature string", {"temperature": "hot"}),
+            ("tools not a list", {"tools": {"type": "function"}}),
+            ("tool without function", {"tools": [{"type": "function"}]}),
+            ("bad part type", {"messages": [{"role": "user", "content": [{"type": "nonsense"}]}]}),
+            ("stream not bool", {"stream": "yes"}),
+            ("model not a string", {"model": 3}),
+        ],
+        lambda status, b: isinstance(b["error"]["message"], str) and "type" in b["error"],
+    ),
+    "openai_responses": (
+        "/v1/responses",
+        {"model": "m", "input": "hi"},
+        [
+            ("input wrong type", {"input": 5}),
+            ("bad item type", {"input": [{"type": "nonsense"}]}),
+            ("bad role", {"input": [{"type": "message", "role": "wizard", "content": "hi"}]}),
+            ("negative max_output_tokens", {"max_output_tokens": -1}),
+            ("max_output_tokens string", {"max_output_tokens": "many"}),
+            ("temperature string", {"temperature": "hot"}),
+            ("tools not a list", {"tools": {"type": "function"}}),
+            ("function tool without name", {"tools": [{"type": "function", "parameters": {}}]}),
+            ("instructions wrong type", {"instructions": 5}),
+            ("stream not bool", {"stream": "yes"}),
+            ("model not a string", {"model": 3}),
+            ("function_call_output without call_id", {"input": [{"type": "function_call_output", "output": "x"}]}),
+        ],
+        lambda status, b: isinstance(b["error"]["message"], str) and "type" in b["error"],
+    ),
+    "google_genai": (
+        "/v1beta/models/gemini-x:generateContent",
+        {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
+        [
+            ("contents wrong type", {"contents": 5}),
+            ("parts wrong type", {"contents": [{"role": "user", "parts": "hi"}]}),
+            ("bad role", {"contents": [{"role": "wizard", "parts": [{"text": "hi"}]}]}),
+            ("toolConfig wrong type", {"toolConfig": 5}),
+            ("negative maxOutputTokens", {"generationConfig": {"maxOutputTokens": -1}}),
+            ("maxOutputTokens string", {"generationConfig": {"maxOutputTokens": "many"}}),
+            ("temperature string", {"generationConfig": {"temperature": "hot"}}),
+            ("tools not a list", {"tools": {"functionDeclarations": []}}),
+            ("function without name", {"tools": [{"functionDeclarations": [{"description": "x"}]}]}),
+            ("generationConfig wrong type", {"generationConfig": 5}),
+            ("systemInstruction wrong type", {"systemInstruction": 5}),
+            ("text not a string", {"contents": [{"role": "user", "parts": [{"text": 5}]}]}),
+        ],
+        lambda status, b: b["error"]["code"] == status and isinstance(b["error"]["status"], str) and b["error"]["message"],
+    ),
+}
+
+
+def _cases(dialect: str):
+    path, valid, mutations, _ = DIALECTS[dialect]
+    rows = [
+        ("malformed JSON", path, b'{"model": ', "key", 400),
+        ("empty body", path, b"", "key", 400),
+        ("array body", path, b"[]", "key", 400),
+        ("string body", path, b'"hello"', "key", 400),
+        ("not UTF-8", path, b'{"model": "\xff\xfe"}', "key", 400),
+        ("deeply nested", path, b'{"a":' * 2000 + b"1" + b"}" * 2000, "key", 400),
+        ("oversize body", path, json.dumps({**valid, "pad": "x" * BIG}).encode(), "key", 413),
+        ("unknown key", path, json.dumps(valid).encode(), "polar-unknown", 401),
+        ("no key", path, json.dumps(valid).encode(), None, 401),
+        ("unknown route", path + "-nope", json.dumps(valid).encode(), "key", 404),
+    ]
+    for name, patch in mutations:
+        body = {**valid, **patch}
+        body = {k: v for k, v in body.items() if v is not None}
+        rows.append((name, path, json.dumps(body).encode(), "key", 400))
+    return rows
+
+
+ALL = [(d, *row) for d in DIALECTS for row in _cases(d)]
+
+
+@pytest.fixture(scope="module")
+def served(request):
+    """One proxy (1 MiB body limit) + FAKE upstream for the whole table."""
+    from tests.proxy.conftest import LoopThread
+
+    lt = LoopThread()
+    tmp = request.getfixturevalue("tmp_path_factory").mktemp("badinput")
+    from aiohttp import web
+
+    from nemo_polar.proxy.app import Proxy, ProxyConfig
+    from nemo_polar.proxy.fake_upstream import FakeUpstream
+
+    fake = FakeUpstream()
+    lt.run(fake.start())
+    proxy = Proxy(ProxyConfig(upstreams=[fake.base_url], store_dir=str(tmp), max_body_bytes=1024 * 1024))
+
+    async def start():
+        runner = web.AppRunner(proxy.make_app(), access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        return runner
+
+    runner = lt.run(start())
+    base = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    session = lt.run(proxy.create_session())
+    yield base, session, fake, proxy, lt
+    lt.run(runner.cleanup())
+    lt.run(fake.stop())
+    lt.stop()
+
+
+@pytest.mark.parametrize(("dialect", "name", "path", "raw", "key", "status"), ALL, ids=[f"{d}:{r[0]}" for d, *r in ALL])
+def test_bad_input_is_a_provider_shaped_4xx(served, dialect, name, path, raw, key, status):
+    base, session, fake, _, _ = served
+    headers = {} if key is None else {"x-goog-api-key" if dialect == "google_genai" else "x-api-key":
+                                      session.api_key if key == "key" else key}
+    n_before = len(fake.requests)
+    got, body = http_json("POST", base + path, raw=raw, headers=headers)
+    assert got == status, (name, body)
+    assert DIALECTS[dialect][3](got, body), body
+    assert len(fake.requests) == n_before  # nothing reached the model
+
+
+def test_each_dialect_has_at_least_15_cases():
+    for d in DIALECTS:
+        assert len(_cases(d)) >= 15
+
+
+def test_authenticated_rejections_are_failure_records_and_closed_sessions_are_refused(served):
+    base, session, _, proxy, lt = served
+    recs = proxy.store.list_records(session.session_id, limit=10_000)
+    assert recs and all(r.error is not None for r in recs)
+    assert all(r.error["type"] == "rejected" and 400 <= r.error["status"] < 500 for r in recs)
+    s2 = lt.run(proxy.create_session())
+    lt.run(proxy.sessions.close(s2.session_id))
+    got, body = http_json("POST", base + "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "x"}]},
+                          headers={"Authorization": f"Bearer {s2.api_key}"})
+    assert got == 403 and body["error"]["message"]
+
+
+def test_wrong_method_and_admin_without_token(served):
+    base, session, _, _, _ = served
+    got, body = http_json("GET", base + "/v1/chat/completions", headers={"x-api-key": session.api_key})
+    assert 400 <= got < 500 and body["error"]["message"]
+    got, _ = http_json("POST", base + "/sessions", {})
+    assert got == 401
+    got, _ = http_json("POST", base + "/admin/pause", {})
+    assert got == 401
