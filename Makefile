@@ -19,7 +19,7 @@ lint: venv
 	$(PY) -m ruff format --check nemo_polar harness_adapters credit environments tests benchmarks
 
 typecheck: venv
-	$(PY) -m mypy nemo_polar harness_adapters credit
+	bash scripts/typecheck.sh
 
 pytest: venv
 	$(PY) -m pytest tests $(PYTEST_ARGS)

@@ -17,11 +17,13 @@ if [ ! -f "$VENV/.complete" ]; then
   mkdir -p "$CACHE/venvs" "$CACHE/pip"
   "$PY" -m venv "$VENV"
   export PIP_CACHE_DIR="$CACHE/pip"
-  "$VENV/bin/python" -m pip install -q --upgrade pip
+  # this machine's pip config names optional local indexes; their "ignored" warnings are noise
+  quiet() { "$@" 2>&1 | sed -e '/WARNING: Location .* is ignored/d'; }
+  quiet "$VENV/bin/python" -m pip install -q --upgrade pip
   # torch first, alone, so the CPU wheel on this machine's disk is the one taken.
-  "$VENV/bin/python" -m pip install -q -c constraints.txt torch==2.13.0
+  quiet "$VENV/bin/python" -m pip install -q -c constraints.txt torch==2.13.0
   # Everything the project and the suite need, pinned by the constraints file.
-  "$VENV/bin/python" -m pip install -q -c constraints.txt \
+  quiet "$VENV/bin/python" -m pip install -q -c constraints.txt setuptools wheel \
     $("$PY" - <<'PYEOF'
 import tomllib
 d = tomllib.load(open("pyproject.toml", "rb"))["project"]
@@ -38,6 +40,8 @@ ln -sfn "$VENV" .venv
 # Editable install of the project itself (fast: no dependency resolution).
 if ! .venv/bin/python -c "import nemo_polar, nemo_polar.credit, nemo_polar.harness_adapters, sys; \
     import pathlib; sys.exit(0 if pathlib.Path(nemo_polar.__file__).resolve().parent == pathlib.Path('nemo_polar').resolve() else 1)" 2>/dev/null; then
-  .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
+  .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e . 2>&1 \
+    | sed -e '/WARNING: Location .* is ignored/d' -e '/BuildBackendWarning/d'
+  test "${PIPESTATUS[0]}" = 0
 fi
 echo "[setup] venv ready: .venv -> $VENV"
