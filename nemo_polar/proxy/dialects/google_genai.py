@@ -56,13 +56,9 @@ from nemo_polar.types import Dialect
 
 DIALECT = Dialect.GOOGLE_GENAI
 ROUTES: list[tuple[str, str, str]] = [
-    (method, f"/{version}/models/{{model}}:{verb}", name)
-    for version in ("v1beta", "v1")
-    for method, verb, name in (
-        ("POST", "generateContent", "generate_content"),
-        ("POST", "streamGenerateContent", "stream_generate_content"),
-        ("POST", "countTokens", "count_tokens"),
-    )
+    ("POST", "/v1beta/models/{model}:generateContent", "generate_content"),
+    ("POST", "/v1beta/models/{model}:streamGenerateContent", "stream_generate_content"),
+    ("POST", "/v1beta/models/{model}:countTokens", "count_tokens"),
 ]
 
 _SNAKE = re.compile(r"_([a-z0-9])")
