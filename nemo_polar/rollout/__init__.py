@@ -1,2 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""nemo_polar.rollout (see DESIGN §1)."""
+"""The rollout service: `TaskSpec`, the rollout server, gateway nodes with staged pools, and `PolarClient`.
+
+Submodules: `spec` (TaskSpec and session spec), `server` + `journal` (scheduling, durable state, callbacks),
+`gateway` + `stages` (INIT / READY / RUNNING / POSTRUN), `runtime` (the Runtime protocol, `isolation: none`),
+`proxylink` (the hosted proxy), `client` (`PolarClient`), `retry`, `simulation` (a timed fake agent), `cli`.
+"""
+
+from nemo_polar.rollout.client import PolarClient, PolarClientError
+from nemo_polar.rollout.spec import TaskSpec, TaskSpecError, dump_jsonl, load_jsonl
+
+__all__ = ["PolarClient", "PolarClientError", "TaskSpec", "TaskSpecError", "dump_jsonl", "load_jsonl"]

@@ -1,0 +1,148 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`polar serve` (rollout server + one gateway in one process: the single-machine default), `polar serve-rollout`
+and `polar serve-gateway --node-id N` (the two apart). Everything binds 127.0.0.1 unless `--host` says otherwise.
+
+A gateway given `--upstream URL` (a vLLM OpenAI endpoint, repeatable) hosts the model-API proxy in-process;
+without one it can only run `simulation` agents. This module parses flags and wires the parts; no logic of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from nemo_polar.rollout.gateway import Gateway, GatewayConfig
+from nemo_polar.rollout.proxylink import HostedProxy
+from nemo_polar.rollout.server import RolloutServer, ServerConfig
+
+__all__ = ["register"]
+
+log = logging.getLogger(__name__)
+
+
+def _gateway_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--work-dir", default="polar-run", help="run directory (sessions/, runtimes/, proxy store)")
+    p.add_argument("--init-workers", type=int, default=2)
+    p.add_argument("--ready-buffer", type=int, default=2)
+    p.add_argument("--run-slots", type=int, default=2)
+    p.add_argument("--postrun-workers", type=int, default=2)
+    p.add_argument("--upstream", action="append", default=[], help="vLLM base URL for the hosted proxy")
+    p.add_argument("--model", default=None, help="served model name (default: the upstream's)")
+    p.add_argument("--eot-token-ids", default=None, help="comma-separated end-of-turn ids for the builders")
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser("serve", help="rollout server + one gateway node in one process")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8700, help="rollout server port")
+    p.add_argument("--gateway-port", type=int, default=0, help="gateway port (0: any free port)")
+    _gateway_flags(p)
+    p.set_defaults(func=_serve)
+
+    p = subparsers.add_parser("serve-rollout", help="the rollout server alone")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8700)
+    p.add_argument("--journal", default="polar-run/rollout.sqlite")
+    p.add_argument("--node-timeout-s", type=float, default=15.0)
+    p.add_argument("--max-attempts", type=int, default=2)
+    p.set_defaults(func=_serve_rollout)
+
+    p = subparsers.add_parser("serve-gateway", help="one gateway node, registering with a rollout server")
+    p.add_argument("--node-id", required=True)
+    p.add_argument("--server", required=True, help="rollout server URL")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    _gateway_flags(p)
+    p.set_defaults(func=_serve_gateway)
+
+
+def _gateway_config(args: argparse.Namespace, node_id: str, server_url: str | None) -> GatewayConfig:
+    builder_options: dict[str, Any] = {}
+    if args.eot_token_ids:
+        builder_options["eot_token_ids"] = [int(x) for x in args.eot_token_ids.split(",")]
+    return GatewayConfig(
+        node_id=node_id,
+        work_dir=str(Path(args.work_dir) / "gateways" / node_id),
+        init_workers=args.init_workers,
+        ready_buffer=args.ready_buffer,
+        run_slots=args.run_slots,
+        postrun_workers=args.postrun_workers,
+        server_url=server_url,
+        model=args.model or "polar",
+        builder_options=builder_options,
+    )
+
+
+async def _hosted_proxy(args: argparse.Namespace, node_id: str) -> HostedProxy | None:
+    if not args.upstream:
+        return None
+    from nemo_polar.proxy.app import ProxyConfig
+
+    cfg = ProxyConfig(
+        upstreams=list(args.upstream),
+        store_dir=str(Path(args.work_dir) / "gateways" / node_id / "proxy"),
+        served_model=args.model,
+    )
+    return await HostedProxy(cfg).start()
+
+
+async def _until_signalled() -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError):
+            loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+
+
+async def _run_gateway(args: argparse.Namespace, node_id: str, server_url: str | None, host: str, port: int) -> None:
+    proxy = await _hosted_proxy(args, node_id)
+    gw = Gateway(_gateway_config(args, node_id, server_url), proxy=proxy)
+    url = await gw.serve(host, port)
+    log.info("gateway %s on %s (proxy %s)", node_id, url, proxy.base_url if proxy else "none: simulation only")
+    try:
+        await _until_signalled()
+    finally:
+        await gw.close()
+        if proxy is not None:
+            await proxy.stop()
+
+
+async def _serve_all(args: argparse.Namespace) -> None:
+    work = Path(args.work_dir)
+    await asyncio.to_thread(work.mkdir, parents=True, exist_ok=True)
+    server = RolloutServer(ServerConfig(journal_path=str(work / "rollout.sqlite")))
+    runner = web.AppRunner(server.make_app(), access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, args.host, args.port).start()
+    server_url = f"http://{args.host}:{runner.addresses[0][1]}"
+    log.info("rollout server on %s", server_url)
+    try:
+        await _run_gateway(args, "node-0", server_url, args.host, args.gateway_port)
+    finally:
+        await runner.cleanup()
+
+
+def _serve(args: argparse.Namespace) -> int:
+    asyncio.run(_serve_all(args))
+    return 0
+
+
+def _serve_rollout(args: argparse.Namespace) -> int:
+    from nemo_polar.rollout.server import run
+
+    cfg = ServerConfig(journal_path=args.journal, node_timeout_s=args.node_timeout_s, max_attempts=args.max_attempts)
+    run(cfg, host=args.host, port=args.port)
+    return 0
+
+
+def _serve_gateway(args: argparse.Namespace) -> int:
+    asyncio.run(_run_gateway(args, args.node_id, args.server, args.host, args.port))
+    return 0

@@ -1,0 +1,107 @@
+# SPDX-License-Identifier: Apache-2.0
+"""How a gateway talks to its model-API proxy: create a session, then fetch its records and close it.
+
+`ProxyLink` is the small protocol the gateway uses; `HostedProxy` runs the real proxy (`nemo_polar.proxy.app.Proxy`)
+inside the gateway process on its own loopback port (the gateway "hosts the proxy": DESIGN §7), using its Python
+API so the harness adapter's request classifier is handed over as a callable.
+
+This module does no agent work and no scheduling.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from aiohttp import web
+
+from nemo_polar.types import CompletionRecord
+
+__all__ = ["HostedProxy", "ProxyLink", "ProxySession"]
+
+
+@dataclass(frozen=True, slots=True)
+class ProxySession:
+    session_id: str
+    api_key: str
+    base_url: str
+
+
+class ProxyLink(Protocol):
+    base_url: str
+
+    async def open_session(
+        self,
+        *,
+        session_id: str,
+        task_id: str,
+        plan: dict[str, Any] | None,
+        sampling: dict[str, Any] | None,
+        metadata: dict[str, Any],
+        classifier: Callable[[dict[str, Any]], str] | None,
+    ) -> ProxySession: ...
+
+    async def close_session(self, session_id: str) -> None: ...
+
+    async def records(self, session_id: str) -> list[CompletionRecord]: ...
+
+
+class HostedProxy:
+    """The real proxy app, served by this process on 127.0.0.1 (port 0 = any free port)."""
+
+    def __init__(self, config: Any, *, port: int = 0):
+        from nemo_polar.proxy.app import Proxy
+
+        self.proxy = Proxy(config)
+        self.port = port
+        self.base_url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> HostedProxy:
+        self._runner = web.AppRunner(self.proxy.make_app(), access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        await site.start()
+        port = self._runner.addresses[0][1]
+        self.base_url = f"http://127.0.0.1:{port}"
+        self.proxy.base_url = self.proxy.base_url or self.base_url
+        return self
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def open_session(
+        self,
+        *,
+        session_id: str,
+        task_id: str,
+        plan: dict[str, Any] | None,
+        sampling: dict[str, Any] | None,
+        metadata: dict[str, Any],
+        classifier: Callable[[dict[str, Any]], str] | None,
+    ) -> ProxySession:
+        s = await self.proxy.create_session(
+            session_id=session_id,
+            task_id=task_id,
+            plan=plan,
+            sampling=sampling or None,
+            metadata=metadata,
+            classifier=classifier,
+        )
+        return ProxySession(s.session_id, s.api_key, self.base_url)
+
+    async def close_session(self, session_id: str) -> None:
+        await self.proxy.sessions.close(session_id)
+
+    async def records(self, session_id: str) -> list[CompletionRecord]:
+        out: list[CompletionRecord] = []
+        after = -1
+        while True:
+            page = self.proxy.store.list_records(session_id, after_seq=after, limit=1000)
+            out.extend(page)
+            if len(page) < 1000:
+                return out
+            after = page[-1].seq
