@@ -37,6 +37,7 @@ class FakeBehaviour:
     fail_status: int | None = None  # answer every call with this HTTP error
     cut_after_chunks: int | None = None  # streaming: drop the connection after this many chunks
     delay_s: float = 0.0  # before answering
+    chunk_delay_s: float = 0.0  # streaming: pause between chunks
     keep_requests: bool = True
 
 
@@ -269,6 +270,8 @@ class FakeUpstream:
                 request.transport.close()
                 return resp
             await resp.write(b"data: " + orjson.dumps(chunk) + b"\n\n")
+            if self.behaviour.chunk_delay_s:
+                await asyncio.sleep(self.behaviour.chunk_delay_s)
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -280,12 +283,12 @@ def main() -> None:
     ap.add_argument("--flavor", default="vllm", choices=["vllm", "sglang"])
     ap.add_argument("--n-prompt", type=int, default=1000)
     ap.add_argument("--n-gen", type=int, default=64)
+    ap.add_argument("--chunk-delay-s", type=float, default=0.0)
     args = ap.parse_args()
-    fake = FakeUpstream(
-        flavor=args.flavor,
-        port=args.port,
-        behaviour=FakeBehaviour(n_prompt=args.n_prompt, n_gen=args.n_gen, keep_requests=False),
+    behaviour = FakeBehaviour(
+        n_prompt=args.n_prompt, n_gen=args.n_gen, keep_requests=False, chunk_delay_s=args.chunk_delay_s
     )
+    fake = FakeUpstream(flavor=args.flavor, port=args.port, behaviour=behaviour)
     web.run_app(fake.app(), host="127.0.0.1", port=args.port, access_log=None, print=None)
 
 
