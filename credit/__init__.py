@@ -1,6 +1,70 @@
 # SPDX-License-Identifier: Apache-2.0
 """CALL-CREDIT (imported as `nemo_polar.credit`): call-level causal credit for agentic RL.
 
-Pure: imports only `nemo_polar.types` and `nemo_polar.trajectory`. The only NeMo RL touch point is
-`nemo_polar.credit.nemo_rl`, which imports `nemo_rl` lazily.
+Pure: imports only `nemo_polar.types` and `nemo_polar.trajectory` (plus torch, numpy, pydantic). The only
+NeMo RL touch point is `nemo_polar.credit.nemo_rl`, which imports `nemo_rl` lazily.
+
+API:
+- `annotate(records | trajectory, …) -> CallGraph` — roles (IG/AE/RV/OTHER, with evidence) and causal edges;
+- `assign(graphs, rewards, config, group_ids=…) -> list[CreditAssignment]` — Â_τ as GRPO computes it, and
+  Â_v = Â_τ · ω_role · outdeg share · γ^(|τ|−pos);
+- `token_advantages(trajectory, graph, assignment, config)` / `fuse_batch(...)` — Ã_t = α·A^GRPO + (1−α)·Â_v(t);
+- curation (`dpo_pairs`, `sampling_weights`, `rv_rewards`), co-evolution (`CoevolutionState`, `coevolution.step`),
+  counterfactual calibration (`CounterfactualRunner`, `calibrate`), metrics (`reward_hacking`,
+  `role_distributions`, `weakness_report`); all options in `CallCreditConfig`.
 """
+
+from .coevolution import CoevolutionState, estimate_role_effects, update_omega
+from .config import CallCreditConfig
+from .counterfactual import (
+    Alternative,
+    CounterfactualOutcome,
+    CounterfactualRequest,
+    CounterfactualRunner,
+    Measurement,
+    apply_calibration,
+    calibrate,
+    select_calls,
+)
+from .curation import dpo_pairs, sampling_weights, write_dpo_jsonl
+from .fusion import fuse_batch, fuse_row, token_advantages
+from .graph import CallGraph, CallNode, Edge, annotate
+from .metrics import broadcast_factors, reward_hacking, role_distributions, weakness_report
+from .propagation import CreditAssignment, assign, group_advantages, propagate, rv_rewards
+from .roles import DEFAULT_TOOL_ROLES, openai_judge
+
+__all__ = [
+    "DEFAULT_TOOL_ROLES",
+    "Alternative",
+    "CallCreditConfig",
+    "CallGraph",
+    "CallNode",
+    "CoevolutionState",
+    "CounterfactualOutcome",
+    "CounterfactualRequest",
+    "CounterfactualRunner",
+    "CreditAssignment",
+    "Edge",
+    "Measurement",
+    "annotate",
+    "apply_calibration",
+    "assign",
+    "broadcast_factors",
+    "calibrate",
+    "dpo_pairs",
+    "estimate_role_effects",
+    "fuse_batch",
+    "fuse_row",
+    "group_advantages",
+    "openai_judge",
+    "propagate",
+    "reward_hacking",
+    "role_distributions",
+    "rv_rewards",
+    "sampling_weights",
+    "select_calls",
+    "token_advantages",
+    "update_omega",
+    "weakness_report",
+    "write_dpo_jsonl",
+]

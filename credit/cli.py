@@ -1,0 +1,118 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`polar credit RUN_DIR`: CALL-CREDIT over a run directory, `credit.jsonl` written, tables printed.
+
+Prints per harness: the reward-hacking rate (CALL-CREDIT vs outcome broadcast), per-role credit
+distributions, and the weakness report (unused reads, unverified edits, uncorrected failures). `--json`
+prints the same as JSON. `--config` takes a YAML or JSON `CallCreditConfig`. The work is `runio.py`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "credit",
+        help="CALL-CREDIT: roles, causal graph and call-level credit for a run directory",
+        description="Annotate every session of RUN_DIR, write RUN_DIR/credit.jsonl and print metrics.",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", type=Path)
+    p.add_argument("--config", type=Path, default=None, help="CallCreditConfig as YAML or JSON")
+    p.add_argument("--out", default="credit.jsonl", help="output file name inside RUN_DIR")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
+    p.set_defaults(func=_main)
+
+
+def _load_config(path: Path | None) -> Any:
+    from .config import CallCreditConfig
+
+    if path is None:
+        return CallCreditConfig()
+    text = path.read_text()
+    if path.suffix in (".yaml", ".yml"):
+        import yaml
+
+        data = yaml.safe_load(text) or {}
+    else:
+        data = json.loads(text)
+    return CallCreditConfig.model_validate(data)
+
+
+def _main(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from .runio import credit_run_dir
+
+    try:
+        cfg = _load_config(args.config)
+    except (ValidationError, ValueError, OSError) as exc:
+        print(f"polar credit: bad config: {exc}", file=sys.stderr)
+        return 2
+    try:
+        result = credit_run_dir(args.run_dir, cfg, out_name=args.out)
+    except FileNotFoundError as exc:
+        print(f"polar credit: {exc}", file=sys.stderr)
+        return 2
+    summary = result.summary()
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+        return 0
+    _print_tables(summary, args.run_dir / args.out)
+    return 0
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.3g}"
+    return str(x)
+
+
+def _print_tables(summary: dict[str, Any], out: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    con.print(f"[bold]CALL-CREDIT[/bold]: {summary['sessions']} sessions, {summary['calls']} calls → {out}")
+    hk, hb = summary["reward_hacking"], summary["reward_hacking_broadcast"]
+    t = Table(title="Reward-hacking rate (successful trajectories where IG credit significantly exceeds AE)")
+    for col in ("harness", "successful", "CALL-CREDIT", "outcome broadcast"):
+        t.add_column(col)
+    for h, d in sorted(hk["per_harness"].items()):
+        t.add_row(h, str(d["n_successful"]), _fmt(d["rate"]), _fmt(hb["per_harness"].get(h, {}).get("rate")))
+    t.add_row("all", str(hk["n_successful"]), _fmt(hk["rate"]), _fmt(hb["rate"]))
+    con.print(t)
+    t = Table(title="Per-role credit Â_v")
+    for col in ("harness", "role", "n", "mean", "std", "p10", "p50", "p90", "mass share"):
+        t.add_column(col)
+    for h, roles in sorted(summary["role_distributions"].items()):
+        for role, d in roles.items():
+            t.add_row(
+                h,
+                role,
+                _fmt(int(d["n"])),
+                *(_fmt(d[k]) for k in ("mean", "std", "p10", "p50", "p90")),
+                _fmt(d["mass_share"]),
+            )
+    con.print(t)
+    t = Table(title="Weaknesses")
+    for col in ("harness", "sessions", "unused reads", "unverified edits", "failed verifications not corrected"):
+        t.add_column(col)
+    for h, w in sorted(summary["weaknesses"].items()):
+        t.add_row(
+            h,
+            str(w["sessions"]),
+            f"{w['unused_reads']['count']}/{w['reads']} ({_fmt(w['unused_reads']['rate'])})",
+            f"{w['unverified_edits']['count']}/{w['edits']} ({_fmt(w['unverified_edits']['rate'])})",
+            f"{w['uncorrected_failures']['count']}/{w['failed_verifications']} "
+            f"({_fmt(w['uncorrected_failures']['rate'])})",
+        )
+    con.print(t)

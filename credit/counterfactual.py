@@ -1,0 +1,216 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Counterfactual calibration of high-credit AE calls: the runner interface and the calibration math.
+
+For a successful trajectory τ and an AE call v_k, a runner replays the session up to call k, substitutes an
+alternative action at k (`next_best`: the best non-identical sample from the same context with seeded n>1
+sampling; `plan`: a given plan step), continues live and evaluates: Δ_k = R(τ) − R(τ′). Δ_k then corrects
+Â_{v_k} (`CounterfactualConfig.mode`).
+
+This module defines the `CounterfactualRunner` protocol and everything around it (which calls to calibrate
+within a budget, running them with bounded concurrency and a timeout per run, the correction). It does not
+implement a runner: the real one replays through the rollout service (`plan` = `{"replay": record_id}` steps
+up to k, then the alternative, then live) and is added when that service exists; tests use an in-process runner.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from nemo_polar.types import CompletionRecord
+
+from .config import CounterfactualConfig
+from .graph import CallGraph
+from .propagation import CreditAssignment
+
+__all__ = [
+    "Alternative",
+    "CounterfactualOutcome",
+    "CounterfactualRequest",
+    "CounterfactualRunner",
+    "Measurement",
+    "apply_calibration",
+    "calibrate",
+    "corrected_credit",
+    "select_calls",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Alternative:
+    """What replaces call k: `next_best` (seeded n>1 sampling, best non-identical) or `plan` (a plan step)."""
+
+    kind: str = "next_best"
+    step: Mapping[str, Any] | None = None
+    seed: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class CounterfactualRequest:
+    """Replay `records` (one session, `seq` order) up to `call_index`, substitute `alternative`, continue live."""
+
+    session_id: str
+    records: Sequence[CompletionRecord]
+    call_index: int
+    record_id: str
+    alternative: Alternative
+    variant: int = 0
+    timeout_s: float = 1800.0
+
+
+@dataclass(slots=True)
+class CounterfactualOutcome:
+    """R(τ′) and, when known, the substituted action (`{content, tool_calls}`) and its token ids."""
+
+    reward: float
+    action: dict[str, Any] | None = None
+    token_ids: list[int] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@runtime_checkable
+class CounterfactualRunner(Protocol):
+    """Runs one counterfactual session. Implementations: the rollout client (later); tests: in-process."""
+
+    async def run(self, request: CounterfactualRequest) -> CounterfactualOutcome: ...
+
+
+@dataclass(slots=True)
+class Measurement:
+    """One measured Δ_k."""
+
+    trajectory: int
+    session_id: str
+    call_index: int
+    record_id: str
+    role: str
+    reward_original: float
+    outcome: CounterfactualOutcome
+    alternative: str
+    variant: int = 0
+
+    @property
+    def delta(self) -> float:
+        return self.reward_original - self.outcome.reward
+
+
+def select_calls(
+    graphs: Sequence[CallGraph],
+    assignments: Sequence[CreditAssignment],
+    config: CounterfactualConfig | None = None,
+    *,
+    success_threshold: float = 1.0,
+) -> list[tuple[int, int]]:
+    """(trajectory, call) pairs to calibrate: AE calls ranked by |Â_v| (ties: the structural factor, then order),
+    at most `max_per_trajectory` per trajectory, `budget` in all, only successful trajectories by default."""
+    cfg = config or CounterfactualConfig()
+    cands: list[tuple[float, float, int, int]] = []
+    for t, (g, a) in enumerate(zip(graphs, assignments, strict=True)):
+        if cfg.only_successful and a.reward < success_threshold:
+            continue
+        for k, node in enumerate(g.nodes):
+            if node.role == "AE":
+                cands.append((abs(float(a.credit[k])), float(a.factor[k]), t, k))
+    cands.sort(key=lambda c: (-c[0], -c[1], c[2], c[3]))
+    per: dict[int, int] = {}
+    out: list[tuple[int, int]] = []
+    for _, _, t, k in cands:
+        if len(out) >= cfg.budget:
+            break
+        if per.get(t, 0) >= cfg.max_per_trajectory:
+            continue
+        per[t] = per.get(t, 0) + 1
+        out.append((t, k))
+    return out
+
+
+def corrected_credit(assignment: CreditAssignment, k: int, delta: float, config: CounterfactualConfig) -> float:
+    """Â_{v_k} corrected by Δ_k (see `CounterfactualConfig.mode`)."""
+    d = delta / config.reward_range
+    a_v = float(assignment.credit[k])
+    if config.mode == "scale":
+        return a_v * (1.0 + config.strength * (d - config.expected_delta))
+    if config.mode == "replace":
+        return assignment.advantage * assignment.scale * d
+    return a_v + config.strength * abs(assignment.advantage) * d  # additive
+
+
+def apply_calibration(
+    assignments: Sequence[CreditAssignment],
+    measurements: Sequence[Measurement],
+    config: CounterfactualConfig | None = None,
+) -> None:
+    """Correct the measured calls in place (the mean Δ over a call's variants) and record Δ in `calibrated`."""
+    cfg = config or CounterfactualConfig()
+    by_call: dict[tuple[int, int], list[float]] = {}
+    for m in measurements:
+        by_call.setdefault((m.trajectory, m.call_index), []).append(m.delta)
+    for (t, k), ds in by_call.items():
+        a = assignments[t]
+        delta = sum(ds) / len(ds)
+        new = corrected_credit(a, k, delta, cfg)
+        a.credit = a.credit.clone()
+        a.credit[k] = new
+        a.calibrated[k] = delta
+
+
+async def calibrate(
+    graphs: Sequence[CallGraph],
+    assignments: Sequence[CreditAssignment],
+    records: Sequence[Sequence[CompletionRecord]],
+    runner: CounterfactualRunner,
+    config: CounterfactualConfig | None = None,
+    *,
+    plans: Mapping[tuple[int, int], Mapping[str, Any]] | None = None,
+    k_variants: int = 1,
+    success_threshold: float = 1.0,
+    apply: bool = True,
+) -> list[Measurement]:
+    """Select calls within the budget, run `k_variants` counterfactuals each (bounded concurrency, a timeout per
+    run; a failed or timed-out run is skipped), and correct the credits in place when `apply`.
+
+    `plans[(t, k)]` is the plan step for `alternative="plan"` (a call without one is skipped).
+    """
+    cfg = config or CounterfactualConfig()
+    chosen = select_calls(graphs, assignments, cfg, success_threshold=success_threshold)
+    sem = asyncio.Semaphore(cfg.concurrency)
+    jobs: list[tuple[int, int, int, CounterfactualRequest]] = []
+    for t, k in chosen:
+        step = None
+        if cfg.alternative == "plan":
+            step = (plans or {}).get((t, k))
+            if step is None:
+                continue
+        node = graphs[t].nodes[k]
+        for v in range(k_variants):
+            alt = Alternative(kind=cfg.alternative, step=step, seed=cfg.seed + v)
+            req = CounterfactualRequest(
+                graphs[t].session_id, list(records[t]), k, node.record_id, alt, v, cfg.timeout_s
+            )
+            jobs.append((t, k, v, req))
+
+    async def one(t: int, k: int, v: int, req: CounterfactualRequest) -> Measurement | None:
+        async with sem:
+            try:
+                outcome = await asyncio.wait_for(runner.run(req), timeout=cfg.timeout_s)
+            except Exception:  # a failed or timed-out replay is data: skip the call
+                return None
+        return Measurement(
+            t,
+            graphs[t].session_id,
+            k,
+            req.record_id,
+            graphs[t].nodes[k].role,
+            assignments[t].reward,
+            outcome,
+            cfg.alternative,
+            v,
+        )
+
+    results = await asyncio.gather(*(one(*j) for j in jobs))
+    measurements = [m for m in results if m is not None]
+    if apply:
+        apply_calibration(assignments, measurements, cfg)
+    return measurements

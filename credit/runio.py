@@ -1,0 +1,191 @@
+# SPDX-License-Identifier: Apache-2.0
+"""CALL-CREDIT over a run directory (DESIGN §3): read sessions and records, write `credit.jsonl`.
+
+Reads `trajectories.jsonl` (one `SessionResult` per line; a bare `Trajectory` with `session_id`/`reward`
+fields is accepted too) and the records from `records.jsonl` (one `CompletionRecord` per line) or
+`records.sqlite` (any table whose rows hold a CompletionRecord as a JSON column, or whose columns are its
+fields). Groups are `metadata.group_id`, else `task_id`. Writes one line per session to `credit.jsonl`:
+the session's Â_τ and, per call, `{call_index, record_id, role, evidence, parents, credit, …}` — the shape
+of NEMO.md's `polar_calls` plus the credit. Returns the metrics for the CLI. No network, no trainer.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from nemo_polar.types import CompletionRecord, SessionResult
+
+from .config import CallCreditConfig
+from .graph import CallGraph, annotate
+from .metrics import broadcast_factors, is_hacked, reward_hacking, role_distributions, weakness_report
+from .propagation import CreditAssignment, assign
+
+__all__ = ["RunCredit", "credit_run_dir", "load_records", "load_sessions"]
+
+
+def load_sessions(run_dir: Path) -> list[SessionResult]:
+    path = run_dir / "trajectories.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found")
+    out = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        d = orjson.loads(line)
+        if "trajectory" not in d and "traces" in d:  # a bare Trajectory line
+            extra = {k: d.pop(k) for k in ("session_id", "task_id", "harness", "reward", "metadata") if k in d}
+            reward = extra.pop("reward", None)
+            d = {
+                "session_id": extra.get("session_id", f"line{n}"),
+                "task_id": extra.get("task_id", "task"),
+                "harness": extra.get("harness"),
+                "metadata": extra.get("metadata", {}),
+                "trajectory": d,
+                "eval": None if reward is None else {"reward": reward},
+            }
+        out.append(SessionResult.from_dict(d))
+    return out
+
+
+def _record_from_row(row: Mapping[str, Any]) -> CompletionRecord | None:
+    for v in row.values():
+        if isinstance(v, (str, bytes)) and v[:1] in ("{", b"{"):
+            try:
+                d = orjson.loads(v)
+            except orjson.JSONDecodeError:
+                continue
+            if isinstance(d, dict) and {"id", "session_id", "seq"} <= d.keys():
+                return CompletionRecord.from_dict(d)
+    if {"id", "session_id", "seq"} <= row.keys():
+        fields = set(CompletionRecord.__dataclass_fields__)
+        d = {}
+        for k, v in row.items():
+            if k not in fields:
+                continue
+            if isinstance(v, (str, bytes)) and v[:1] in ("{", "[", b"{", b"["):
+                try:
+                    v = orjson.loads(v)
+                except orjson.JSONDecodeError:
+                    pass
+            d[k] = v
+        return CompletionRecord.from_dict(d)
+    return None
+
+
+def load_records(run_dir: Path) -> list[CompletionRecord]:
+    jl = run_dir / "records.jsonl"
+    if jl.exists():
+        return [CompletionRecord.from_json(x) for x in jl.read_text(encoding="utf-8").splitlines() if x.strip()]
+    db = run_dir / "records.sqlite"
+    if not db.exists():
+        return []
+    out: list[CompletionRecord] = []
+    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        con.row_factory = sqlite3.Row
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
+        for t in tables:
+            for row in con.execute(f'SELECT * FROM "{t}"'):
+                rec = _record_from_row(dict(row))
+                if rec is not None:
+                    out.append(rec)
+    finally:
+        con.close()
+    return out
+
+
+@dataclass(slots=True)
+class RunCredit:
+    sessions: list[SessionResult]
+    graphs: list[CallGraph]
+    assignments: list[CreditAssignment]
+    hacking: dict[str, Any]
+    hacking_broadcast: dict[str, Any]
+    distributions: dict[str, Any]
+    weaknesses: dict[str, Any]
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "sessions": len(self.sessions),
+            "calls": sum(len(g) for g in self.graphs),
+            "reward_hacking": self.hacking,
+            "reward_hacking_broadcast": self.hacking_broadcast,
+            "role_distributions": self.distributions,
+            "weaknesses": self.weaknesses,
+        }
+
+
+def credit_run_dir(
+    run_dir: str | Path, config: CallCreditConfig | None = None, *, out_name: str = "credit.jsonl"
+) -> RunCredit:
+    """Annotate, assign and summarise every session of `run_dir`; write `run_dir/out_name`."""
+    cfg = config or CallCreditConfig()
+    rd = Path(run_dir)
+    sessions = load_sessions(rd)
+    records = load_records(rd)
+    by_session: dict[str, list[CompletionRecord]] = {}
+    for r in records:
+        by_session.setdefault(r.session_id, []).append(r)
+    graphs: list[CallGraph] = []
+    for s in sessions:
+        recs = by_session.get(s.session_id, [])
+        if s.record_ids:
+            wanted = set(s.record_ids)
+            recs = [r for r in recs if r.id in wanted] or recs
+        g = annotate(recs, harness=s.harness, session_id=s.session_id, config=cfg)
+        if not recs and s.trajectory.traces:
+            g = annotate(s.trajectory, records=[], harness=s.harness, session_id=s.session_id, config=cfg)
+        graphs.append(g)
+    rewards = [s.reward for s in sessions]
+    groups = [s.metadata.get("group_id", s.task_id) for s in sessions]
+    assignments = assign(graphs, rewards, cfg, group_ids=groups)
+    hack = reward_hacking(graphs, rewards, [a.factor for a in assignments], cfg.metrics)
+    hack_b = reward_hacking(graphs, rewards, [broadcast_factors(g) for g in graphs], cfg.metrics)
+    dist = role_distributions(graphs, assignments)
+    weak = weakness_report(graphs, cfg.metrics, cfg.curation)
+    with open(rd / out_name, "w", encoding="utf-8") as f:
+        for s, g, a in zip(sessions, graphs, assignments, strict=True):
+            f.write(json.dumps(_line(s, g, a, cfg), ensure_ascii=False) + "\n")
+    return RunCredit(sessions, graphs, assignments, hack, hack_b, dist, weak)
+
+
+def _line(s: SessionResult, g: CallGraph, a: CreditAssignment, cfg: CallCreditConfig) -> dict[str, Any]:
+    parents: dict[int, list[int]] = {}
+    for e in g.edges:
+        parents.setdefault(e.dst, []).append(e.src)
+    chain_of = {rid: t.chain_kind for t in s.trajectory.traces for rid, _, _ in t.call_spans}
+    return {
+        "session_id": s.session_id,
+        "task_id": s.task_id,
+        "harness": s.harness,
+        "group_id": s.metadata.get("group_id", s.task_id),
+        "reward": a.reward,
+        "advantage": a.advantage,
+        "scale": a.scale,
+        "hacked": is_hacked(a.roles, a.factor, cfg.metrics) if a.reward >= cfg.metrics.success_threshold else False,
+        "calls": [
+            {
+                "call_index": k,
+                "record_id": n.record_id,
+                "role": n.role,
+                "evidence": n.evidence,
+                "ambiguous": n.ambiguous,
+                "parents": sorted(parents.get(k, [])),
+                "chain_kind": chain_of.get(n.record_id, n.call_kind),
+                "credit": float(a.credit[k]),
+                "factor": float(a.factor[k]),
+                "rv_reward": float(a.rv_reward[k]),
+                "test_outcome": n.test_outcome,
+                "summary": n.summary,
+            }
+            for k, n in enumerate(g.nodes)
+        ],
+        "edges": [e.to_dict() for e in g.edges],
+    }
