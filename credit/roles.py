@@ -38,8 +38,8 @@ __all__ = [
     "classify_calls",
     "observation_signals",
     "openai_judge",
-    "verification_outcome",
     "tool_table",
+    "verification_outcome",
 ]
 
 ROLE_NAMES = ("IG", "AE", "RV", "OTHER")

@@ -11,7 +11,6 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 import pytest
-
 from nemo_polar.credit import annotate
 from nemo_polar.credit.calls import extract_calls
 from nemo_polar.credit.config import CallCreditConfig, JudgeConfig, RoleConfig

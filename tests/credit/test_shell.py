@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import pytest
-
 from nemo_polar.credit.config import RoleConfig
 from nemo_polar.credit.shell import analyse_shell
 
