@@ -1,0 +1,121 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Pause, stamp and resume the Polar gateways around each NeMo RL weight refit.
+
+A refit swaps the weights behind the vLLM servers the Polar proxies forward to. Around it the launcher's patch
+calls, on each gateway's proxy: `POST /admin/pause` (stop admitting new model calls; in-flight calls finish
+on the old weights), then after the update `POST /admin/policy_version` with `{"policy_version": N}` (records
+made from now on carry N) and `POST /admin/resume`. N counts the refits done in this process (the first
+refit, before step 1, stamps 1). A failed resume is retried and then raised: a gateway left paused would stall
+every rollout.
+
+Does: a small synchronous admin client (the trainer's driver is synchronous; every request has a timeout) and
+the wrapper of `refit_policy_generation`. Does not: discover gateways (they are listed under `polar.gateways`
+in the recipe) or import `nemo_rl` at module level.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import random
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+from .pinned import REFIT_NAME
+
+log = logging.getLogger(__name__)
+
+_WRAPPED_FLAG = "__polar_refit_wrapped__"
+
+
+class GatewayAdminError(RuntimeError):
+    """A gateway did not accept an admin call (after retries)."""
+
+    def __init__(self, url: str, detail: str):
+        self.url = url
+        self.detail = detail
+        super().__init__(f"{url}: {detail}")
+
+
+class GatewayAdmin:
+    """Admin calls to a set of Polar gateway proxies (`base_urls`, loopback in tests)."""
+
+    def __init__(self, base_urls: Sequence[str], *, timeout_s: float = 30.0, attempts: int = 3) -> None:
+        self.base_urls = [u.rstrip("/") for u in base_urls]
+        self.timeout_s = timeout_s
+        self.attempts = attempts
+        self.policy_version = 0
+        self._token = os.environ.get("POLAR_ADMIN_TOKEN")
+
+    def _post(self, base: str, path: str, body: dict[str, Any]) -> None:
+        url = f"{base}{path}"
+        data = json.dumps(body).encode()
+        headers = {"Content-Type": "application/json"}
+        if self._token:
+            headers["Authorization"] = f"Bearer {self._token}"
+        last = ""
+        for attempt in range(self.attempts):
+            request = urllib.request.Request(url, data=data, headers=headers, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                    if 200 <= response.status < 300:
+                        return
+                    last = f"HTTP {response.status}"
+            except urllib.error.HTTPError as exc:
+                last = f"HTTP {exc.code}: {exc.read()[:200]!r}"
+                if 400 <= exc.code < 500 and exc.code != 429:
+                    break  # the gateway refused the call itself; retrying will not help
+            except (urllib.error.URLError, TimeoutError, OSError) as exc:
+                last = f"{type(exc).__name__}: {exc}"
+            if attempt + 1 < self.attempts:
+                time.sleep(min(2.0, 0.2 * 2**attempt) * (0.5 + random.random() / 2))
+        raise GatewayAdminError(url, last)
+
+    def _all(self, path: str, body: dict[str, Any]) -> None:
+        errors = []
+        for base in self.base_urls:
+            try:
+                self._post(base, path, body)
+            except GatewayAdminError as exc:
+                errors.append(str(exc))
+        if errors:
+            raise GatewayAdminError(path, "; ".join(errors))
+
+    def pause(self) -> None:
+        self._all("/admin/pause", {})
+
+    def set_policy_version(self, version: int) -> None:
+        self._all("/admin/policy_version", {"policy_version": version})
+        self.policy_version = version
+
+    def resume(self) -> None:
+        self._all("/admin/resume", {})
+
+
+def wrap_refit(grpo_module: ModuleType, admin: GatewayAdmin) -> Callable[..., Any]:
+    """Wrap `<grpo_module>.refit_policy_generation` with pause → refit → policy_version → resume (idempotent)."""
+    original = getattr(grpo_module, REFIT_NAME)
+    if getattr(original, _WRAPPED_FLAG, False):
+        return original  # type: ignore[no-any-return]
+
+    def refit_policy_generation(*args: Any, **kwargs: Any) -> Any:
+        admin.pause()
+        try:
+            result = original(*args, **kwargs)
+        except BaseException:
+            admin.resume()  # the old weights are still serving: let rollouts continue, then re-raise
+            raise
+        admin.set_policy_version(admin.policy_version + 1)
+        admin.resume()
+        log.info("Polar gateways resumed at policy_version %d", admin.policy_version)
+        return result
+
+    setattr(refit_policy_generation, _WRAPPED_FLAG, True)
+    refit_policy_generation.__wrapped__ = original  # type: ignore[attr-defined]
+    setattr(grpo_module, REFIT_NAME, refit_policy_generation)
+    return refit_policy_generation
