@@ -74,17 +74,20 @@ class _Chain:
         self.policies.append(policy)
 
 
+_SIDE, _SUBAGENT = CallKind.SIDE.value, CallKind.SUBAGENT.value  # plain strings: no enum lookups in hot loops
+
+
 def _compatible(call_kind: str, chain_kind: str) -> bool:
     """Side calls only continue side chains, explicit subagent calls only subagent chains; main calls any non-side.
 
     This keeps a side call that happens to replay the whole main history (a router, a title generator) from
     consuming the main chain's tip.
     """
-    if call_kind == CallKind.SIDE.value:
-        return chain_kind == ChainKind.SIDE.value
-    if call_kind == CallKind.SUBAGENT.value:
-        return chain_kind == ChainKind.SUBAGENT.value
-    return chain_kind != ChainKind.SIDE.value
+    if call_kind == _SIDE:
+        return chain_kind == _SIDE
+    if call_kind == _SUBAGENT:
+        return chain_kind == _SUBAGENT
+    return chain_kind != _SIDE
 
 
 def _is_prefix(p: list[int], q: list[int]) -> bool:
@@ -105,7 +108,7 @@ def _extends_exact(p: list[int], last: CompletionRecord) -> bool:
     n, m = len(lp), len(lp) + len(g)
     if len(p) < m:
         return False
-    if g and p[n:m] != g:
+    if g and (p[m - 1] != g[-1] or p[n] != g[0] or p[n:m] != g):
         return False
     return _is_prefix(p, lp)
 
@@ -253,14 +256,14 @@ class _Builder:
     def _longest_prompt_prefix(p: list[int], cands: list[_Chain]) -> tuple[_Chain, int] | None:
         """The earlier call (any position in a compatible chain) with the longest prompt that prefixes `p`; among
         equally long ones the most recent (a retry duplicates the latest identical call)."""
-        found: tuple[_Chain, int] | None = None
-        best = (-1, -1)
-        for c in cands:
-            for i, q in enumerate(c.records):
-                key = (len(q.prompt_token_ids), q.seq)
-                if key > best and _is_prefix(p, q.prompt_token_ids):
-                    found, best = (c, i), key
-        return found
+        order = sorted(
+            ((len(q.prompt_token_ids), q.seq, ci, i) for ci, c in enumerate(cands) for i, q in enumerate(c.records)),
+            reverse=True,
+        )
+        for n, _seq, ci, i in order:  # longest first: the first hit is the answer (one full compare, usually)
+            if n <= len(p) and _is_prefix(p, cands[ci].records[i].prompt_token_ids):
+                return cands[ci], i
+        return None
 
     def _near_continuation(self, rec: CompletionRecord, cands: list[_Chain]) -> _Chain | None:
         """A chain `rec` continues at the message level, or whose last prompt it shares except a short tail."""

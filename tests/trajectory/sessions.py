@@ -52,6 +52,8 @@ class SessionSim:
         self.side_chains = 0
         self.canonical_drift = 0
         self.forced = 0
+        self.last_finish: dict[tuple[int, ...], str] = {}  # prompt -> finish_reason of its latest call
+        self.previous_finish: str | None = None
         self.kind_of: dict[str, str] = {}  # record id -> expected kind of the chain it starts
         self.starts: set[str] = set()  # record ids that start a chain in exact mode
         self.main = Agent("main", "main", [block(SYSTEM, [900, 901, 902]), block(USER, self.tok(4))])
@@ -79,6 +81,9 @@ class SessionSim:
         )
         self.seq += 1
         self.records.append(rec)
+        if prompt:
+            self.previous_finish = self.last_finish.get(tuple(prompt))
+            self.last_finish[tuple(prompt)] = finish
         return rec
 
     def _start_accounting(self, agent: Agent, rid: str) -> None:
@@ -89,7 +94,9 @@ class SessionSim:
             self.kind_of[rid] = "side"
             return
         if not agent.started and agent.twin is not None and agent.twin.started:
-            agent.next_reason = "sibling"  # the other twin already used this exact prompt
+            # the other twin already used this exact prompt; if that call was truncated, the tokens cannot tell a
+            # twin from a retry, and the builder (rightly) says `truncated`
+            agent.next_reason = "truncated" if self.previous_finish == "length" else "sibling"
             agent.started = True
         if not agent.started or agent.next_reason is not None:
             self.chains += 1
