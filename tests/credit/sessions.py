@@ -16,6 +16,8 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
+from nemo_polar.credit.graph import CallGraph, CallNode, Edge
+
 from nemo_polar.types import CompletionRecord, Trace, Trajectory, TrajectoryStats
 
 Step = tuple[str | None, dict[str, Any], str | None]
@@ -167,3 +169,36 @@ def bugfix_steps(harness: str = "claude_code") -> list[Step]:
             (None, {"content": "Fixed parse_date to strip whitespace."}, None),
         ]
     raise ValueError(harness)
+
+
+def synthetic_graph(
+    roles: Sequence[str],
+    edges: Sequence[tuple[int, int]],
+    *,
+    session_id: str = "g",
+    harness: str | None = "claude_code",
+    n_tokens: Sequence[int] | None = None,
+    outcomes: Sequence[str | None] | None = None,
+) -> CallGraph:
+    """A `CallGraph` given directly by roles and edges (for the math tests)."""
+    nodes = [
+        CallNode(
+            index=k,
+            record_id=f"{session_id}-r{k}",
+            seq=k,
+            call_kind="main",
+            role=r,
+            evidence=["synthetic"],
+            ambiguous=False,
+            source="rule",
+            n_tokens=n_tokens[k] if n_tokens else 5,
+            paths_read=[],
+            paths_written=[],
+            test_targets=[],
+            scoped=False,
+            test_outcome=outcomes[k] if outcomes else None,
+            summary=f"{r} call {k}",
+        )
+        for k, r in enumerate(roles)
+    ]
+    return CallGraph(session_id, harness, nodes, [Edge(i, j, ["path"], []) for i, j in edges])
