@@ -34,6 +34,7 @@ __all__ = [
     "apply_calibration",
     "calibrate",
     "corrected_credit",
+    "replay_plan",
     "select_calls",
 ]
 
@@ -214,3 +215,24 @@ async def calibrate(
     if apply:
         apply_calibration(assignments, measurements, cfg)
     return measurements
+
+
+def replay_plan(records: Sequence[CompletionRecord], record_id: str, alternative: Alternative) -> dict[str, Any]:
+    """The session plan (DESIGN §3) a runner sends to replace the call `record_id`: replay the recorded
+    main-agent calls before it (`{"replay": id}`, token for token), substitute the alternative, continue live.
+    For `next_best` the substituted step is `{"next_best": {"seed": s, "exclude_record": record_id}}` (a step
+    kind this module proposes to the rollout service: sample n>1 from the same context, take the best sample
+    that differs from the recorded one)."""
+    main = sorted((r for r in records if r.call_kind == "main"), key=lambda r: r.seq)
+    pos = next((i for i, r in enumerate(main) if r.id == record_id), None)
+    if pos is None:
+        raise ValueError(f"{record_id} is not a main-agent call of this session")
+    steps: list[dict[str, Any]] = [{"replay": r.id} for r in main[:pos]]
+    if alternative.kind == "plan":
+        if alternative.step is None:
+            raise ValueError("alternative 'plan' needs a step")
+        steps.append(dict(alternative.step))
+    else:
+        steps.append({"next_best": {"seed": alternative.seed, "exclude_record": record_id}})
+    steps.append({"live": True})
+    return {"version": 1, "steps": steps, "side": "live"}
