@@ -80,7 +80,7 @@ class ProxyConfig:
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 600.0
     pause_wait_s: float = 600.0
-    fsync: bool = True
+    fsync: bool = False
     prefix_preserving: str | None = None  # None | "splice" (stock vLLM) | "nemo_rl" (required_prefix_token_ids)
     model_dir: str | None = None
     chat_template: str | None = None

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
+import sys
 from typing import Any
 
 __all__ = ["register"]
@@ -51,7 +53,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--chat-template", default=None, help="chat template file vLLM was started with, if not the model's"
     )
     p.add_argument(
-        "--no-fsync", action="store_true", help="synchronous=NORMAL: records survive a killed proxy, not a power loss"
+        "--fsync",
+        action="store_true",
+        help="fsync every commit batch (survives power loss); default: WAL synchronous=NORMAL (survives a killed proxy)",
     )
     p.add_argument("--read-timeout-s", type=float, default=600.0)
     p.add_argument("--connect-timeout-s", type=float, default=5.0)
@@ -72,9 +76,22 @@ def _run(args: argparse.Namespace) -> int:
         prefix_preserving=args.prefix_preserving,
         model_dir=args.model_dir,
         chat_template=args.chat_template,
-        fsync=not args.no_fsync,
+        fsync=args.fsync,
         read_timeout_s=args.read_timeout_s,
         connect_timeout_s=args.connect_timeout_s,
     )
     run(cfg, host=args.host, port=args.port)
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m nemo_polar.proxy.cli …`: the same flags as `polar proxy`, without loading the other subsystems."""
+    parser = argparse.ArgumentParser(prog="polar")
+    register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["proxy", *(argv if argv is not None else sys.argv[1:])])
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,10 +16,14 @@ This module does no HTTP and knows nothing of dialects.
 
 from __future__ import annotations
 
+import array
 import asyncio
+import base64
+import dataclasses
 import logging
 import queue
 import sqlite3
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -66,18 +70,22 @@ class RecordStore:
 
     Args:
         directory: the store directory (created); the database is `directory/records.sqlite`.
-        fsync: `True` uses `synchronous=FULL` (survives power loss); `False` uses `NORMAL`, which in WAL mode
-            still survives a killed process (the durability rule), at lower latency.
+        fsync: `True` uses `synchronous=FULL`: every batch is fsynced (survives power loss) by a writer thread, so
+            the event loop never waits on the disk. `False` (default) uses `NORMAL`, which in WAL mode still survives
+            a killed process (the durability rule: the committed WAL frames are in the OS before `commit` returns);
+            batches are then written on the event loop itself (no fsync, ~0.1 ms), avoiding thread hand-offs.
         max_batch: most writes folded into one transaction.
     """
 
-    def __init__(self, directory: str | Path, *, fsync: bool = True, max_batch: int = 1024):
+    def __init__(self, directory: str | Path, *, fsync: bool = False, max_batch: int = 1024):
         self.directory = Path(directory)
         self.path = self.directory / DB_NAME
         self._fsync = fsync
         self._max_batch = max_batch
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
+        self._inline_conn: sqlite3.Connection | None = None
+        self._inline_batch: list[Any] = []
         self._reader: sqlite3.Connection | None = None
         self._closed = True
         self.batches = 0
@@ -98,8 +106,11 @@ class RecordStore:
             )
         self._reader = self._connect(readonly=True)
         self._closed = False
-        self._thread = threading.Thread(target=self._writer, name="polar-store-writer", daemon=True)
-        self._thread.start()
+        if self._fsync:
+            self._thread = threading.Thread(target=self._writer, name="polar-store-writer", daemon=True)
+            self._thread.start()
+        else:
+            self._inline_conn = self._connect()
         return self
 
     def close(self) -> None:
@@ -107,6 +118,10 @@ class RecordStore:
         if self._closed:
             return
         self._closed = True
+        if self._inline_conn is not None:
+            self._flush_inline()
+            self._inline_conn.close()
+            self._inline_conn = None
         self._queue.put(_STOP)
         if self._thread is not None:
             self._thread.join(timeout=30)
@@ -148,16 +163,40 @@ class RecordStore:
             raise StoreClosed(f"store {self.path} is closed")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
-        self._queue.put((op, loop, fut))
+        if self._inline_conn is not None:
+            # everything submitted during this loop iteration is committed together at the start of the next one
+            if not self._inline_batch:
+                loop.call_soon(self._flush_inline)
+            self._inline_batch.append((op, None, fut))
+        else:
+            self._queue.put((op, loop, fut))
         return fut
 
+    def _flush_inline(self) -> None:
+        batch, self._inline_batch = self._inline_batch, []
+        if batch and self._inline_conn is not None:
+            self._write_batch(self._inline_conn, batch)
+
+    @staticmethod
+    def _record_op(record: CompletionRecord, state: str) -> tuple[Any, ...]:
+        # serialised here, on the caller's thread: the writer thread then only runs SQL (which releases the GIL)
+        return (
+            "record",
+            record.id,
+            record.session_id,
+            record.seq,
+            state,
+            0 if record.error is None else 1,
+            record_bytes(record),
+        )
+
     def put_pending(self, record: CompletionRecord) -> asyncio.Future[None]:
-        """Write a placeholder for an admitted call (not awaited on the hot path; awaited before a stream starts)."""
-        return self._submit(("pending", record))
+        """Write a placeholder for an admitted call (awaited before a stream's first byte leaves)."""
+        return self._submit(self._record_op(record, "pending"))
 
     async def commit(self, record: CompletionRecord) -> None:
-        """Durably write the final record (replacing its placeholder); returns once it is on disk."""
-        await self._submit(("record", record))
+        """Durably write the final record (replacing its placeholder); returns once it is committed."""
+        await self._submit(self._record_op(record, "done"))
 
     async def put_session(self, session_id: str, api_key: str, created_at: float, data: dict[str, Any]) -> None:
         """Insert or replace a session row."""
@@ -203,6 +242,9 @@ class RecordStore:
         self.batches += 1
         self.writes += len(batch)
         for _, loop, fut in batch:
+            if loop is None:
+                _resolve(fut, error)
+                continue
             try:
                 loop.call_soon_threadsafe(_resolve, fut, error)
             except RuntimeError:  # loop closed: nobody is waiting any more
@@ -210,28 +252,17 @@ class RecordStore:
 
     @staticmethod
     def _apply(conn: sqlite3.Connection, op: tuple[Any, ...]) -> None:
-        kind = op[0]
-        if kind == "record" or kind == "pending":
-            rec: CompletionRecord = op[1]
+        if op[0] == "record":
             conn.execute(
                 "INSERT OR REPLACE INTO records (id, session_id, seq, state, failed, data) VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    rec.id,
-                    rec.session_id,
-                    rec.seq,
-                    "pending" if kind == "pending" else "done",
-                    0 if rec.error is None else 1,
-                    rec.to_json(compact=True),
-                ),
+                op[1:],
             )
-        elif kind == "session":
-            _, sid, key, created, data = op
+        elif op[0] == "session":
             conn.execute(
-                "INSERT OR REPLACE INTO sessions (session_id, api_key, created_at, data) VALUES (?, ?, ?, ?)",
-                (sid, key, created, data),
+                "INSERT OR REPLACE INTO sessions (session_id, api_key, created_at, data) VALUES (?, ?, ?, ?)", op[1:]
             )
         else:  # pragma: no cover - programming error
-            raise ValueError(f"unknown store op {kind!r}")
+            raise ValueError(f"unknown store op {op[0]!r}")
 
     # -- reads -------------------------------------------------------------------------------------------------------
 
@@ -285,6 +316,39 @@ class RecordStore:
     def load_sessions(self) -> list[tuple[str, str, float, dict[str, Any]]]:
         rows = self._read().execute("SELECT session_id, api_key, created_at, data FROM sessions").fetchall()
         return [(sid, key, float(created), orjson.loads(data)) for sid, key, created, data in rows]
+
+
+_FIELDS = tuple(f.name for f in dataclasses.fields(CompletionRecord))
+_ID_FIELDS = frozenset(CompletionRecord._ID_FIELDS)
+_FLOAT_FIELDS = frozenset(CompletionRecord._FLOAT_FIELDS)
+_NATIVE = sys.byteorder == "little"
+
+
+def _i32(values: list[int]) -> str:
+    arr = array.array("i", values)
+    if not _NATIVE:  # pragma: no cover - big-endian hosts
+        arr.byteswap()
+    return "b64:i32:" + base64.b64encode(arr.tobytes()).decode("ascii")
+
+
+def _f64(values: list[float]) -> str:
+    arr = array.array("d", values)
+    if not _NATIVE:  # pragma: no cover
+        arr.byteswap()
+    return "b64:f64:" + base64.b64encode(arr.tobytes()).decode("ascii")
+
+
+def record_bytes(rec: CompletionRecord) -> bytes:
+    """`rec.to_json(compact=True)`, byte for byte in meaning, without walking nested dicts in Python."""
+    out: dict[str, Any] = {}
+    for name in _FIELDS:
+        v = getattr(rec, name)
+        if name in _ID_FIELDS:
+            v = _i32(v)
+        elif name in _FLOAT_FIELDS:
+            v = _f64(v)
+        out[name] = v
+    return orjson.dumps(out)
 
 
 def _resolve(fut: asyncio.Future[None], error: BaseException | None) -> None:

@@ -75,7 +75,9 @@ def test_every_key_form_authenticates_and_unknown_keys_get_401_in_provider_shape
             model="claude-x", max_tokens=8, messages=MSG
         )
     assert e2.value.body["type"] == "error" and e2.value.body["error"]["type"] == "authentication_error"
-    g = genai.Client(api_key="polar-unknown", http_options=gtypes.HttpOptions(base_url=h.base_url))
+    g = genai.Client(
+        api_key="polar-unknown", http_options=gtypes.HttpOptions(base_url=h.base_url, api_version="v1beta")
+    )
     with pytest.raises(genai.errors.ClientError) as e3:
         g.models.generate_content(model="gemini-x", contents="hi")
     assert e3.value.code == 401

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 
+import pytest
+
 from nemo_polar.proxy.sessions import SessionManager
-from nemo_polar.proxy.store import RecordStore
+from nemo_polar.proxy.store import RecordStore, record_bytes
 from nemo_polar.types import CompletionRecord
 
 
@@ -24,8 +26,9 @@ def _rec(i: int, session: str = "s1", **kw) -> CompletionRecord:
     )
 
 
-def test_concurrent_commits_are_batched_and_round_trip(tmp_path):
-    store = RecordStore(tmp_path).open()
+@pytest.mark.parametrize("fsync", [False, True], ids=["inline-normal", "thread-full"])
+def test_concurrent_commits_are_batched_and_round_trip(tmp_path, fsync):
+    store = RecordStore(tmp_path, fsync=fsync).open()
 
     async def main():
         await asyncio.gather(*(store.commit(_rec(i)) for i in range(64)))
@@ -37,6 +40,9 @@ def test_concurrent_commits_are_batched_and_round_trip(tmp_path):
     assert [r.seq for r in got] == list(range(64))
     assert got[3].prompt_token_ids == list(range(1000))
     assert got[3].generation_log_probs == [-0.5, -0.25, 0.0]
+    assert record_bytes(got[3]) == got[3].to_json(compact=True) or CompletionRecord.from_json(
+        record_bytes(got[3])
+    ) == CompletionRecord.from_json(got[3].to_json(compact=True))
     page = store.list_records("s1", after_seq=9, limit=5)
     assert [r.seq for r in page] == [10, 11, 12, 13, 14]
     assert store.get_record("r7").id == "r7"

