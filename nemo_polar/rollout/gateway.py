@@ -79,6 +79,8 @@ class _BusyMeter:
         self._last = self.t0
         self.first_start: float | None = None
         self.last_end: float | None = None
+        self.intervals: list[tuple[float, float]] = []  # (start, end) of each agent run, monotonic seconds
+        self._open: dict[int, float] = {}
 
     def change(self, delta: int) -> None:
         now = time.monotonic()
@@ -89,6 +91,21 @@ class _BusyMeter:
             self.first_start = now
         if delta < 0:
             self.last_end = now
+
+    def run_started(self, key: int) -> None:
+        self._open[key] = time.monotonic()
+        self.change(+1)
+
+    def run_ended(self, key: int) -> None:
+        self.change(-1)
+        self.intervals.append((self._open.pop(key), time.monotonic()))
+
+    def occupancy(self, start: float, end: float, slots: int) -> float:
+        """Busy run-slot time inside [start, end] / (slots x (end - start))."""
+        if end <= start:
+            return 0.0
+        busy = sum(max(0.0, min(b, end) - max(a, start)) for a, b in self.intervals)
+        return busy / (slots * (end - start))
 
     def area_now(self) -> float:
         return self.area + self.busy * (time.monotonic() - self._last)
@@ -297,11 +314,11 @@ class Gateway:
                 await self._in_child(job, self.work.init(job))
             if job.failure is None and not job.cancelled:
                 job.stage = "running"
-                self.meter.change(+1)
+                self.meter.run_started(id(job))
                 try:
                     await self._in_child(job, self.work.run(job))
                 finally:
-                    self.meter.change(-1)
+                    self.meter.run_ended(id(job))
             if job.cancelled:
                 await self._discard(job)
             elif self.config.staged:
