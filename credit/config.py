@@ -152,7 +152,9 @@ class PropagationConfig(_Strict):
             "has degree 0 the share is uniform in both modes."
         ),
     )
-    epsilon: float = Field(default=0.5, ge=0, description="The degree given to leaves in `epsilon` mode.")
+    epsilon: float = Field(
+        default=0.1, ge=0, description="The degree given to leaves in `epsilon` mode (a tenth of one dependency)."
+    )
     rescale: Literal["none", "mean", "token_mean", "max"] = Field(
         default="mean",
         description=(
