@@ -22,6 +22,7 @@ one with a different system turn is a `subagent`. This module does not export an
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -90,27 +91,46 @@ def _compatible(call_kind: str, chain_kind: str) -> bool:
     return chain_kind != _SIDE
 
 
-def _is_prefix(p: list[int], q: list[int]) -> bool:
-    """`q` is a token prefix of `p` (cheap rejections first, then one C-level slice compare)."""
-    n = len(q)
-    if n > len(p):
-        return False
-    if n == 0:
-        return True
-    if p[n - 1] != q[n - 1] or p[0] != q[0]:
-        return False
-    return p[:n] == q
+def pack(ids: list[int]) -> bytes:
+    """Token ids as packed uint32, so a prefix check is one `memcmp` (`bytes.startswith`).
+
+    Packing a list costs about one pass over it; comparing two lists of distinct int objects costs several times
+    more, and a record's prompt is packed once but may be compared against several tips.
+    """
+    try:
+        return array("I", ids).tobytes()
+    except (OverflowError, TypeError) as exc:
+        raise ValueError("token ids must be ints in [0, 2**32)") from exc
 
 
-def _extends_exact(p: list[int], last: CompletionRecord) -> bool:
-    """The chain's stitched sequence (= last prompt + last sampled turn, by construction) is a prefix of `p`."""
-    lp, g = last.prompt_token_ids, last.generation_token_ids
-    n, m = len(lp), len(lp) + len(g)
-    if len(p) < m:
-        return False
-    if g and (p[m - 1] != g[-1] or p[n] != g[0] or p[n:m] != g):
-        return False
-    return _is_prefix(p, lp)
+_W = array("I").itemsize
+
+
+class _Packed:
+    """Per-build cache of packed prompts and generations, keyed by record object."""
+
+    def __init__(self) -> None:
+        self._prompt: dict[int, bytes] = {}
+        self._gen: dict[int, bytes] = {}
+
+    def prompt(self, rec: CompletionRecord) -> bytes:
+        b = self._prompt.get(id(rec))
+        if b is None:
+            b = self._prompt[id(rec)] = pack(rec.prompt_token_ids)
+        return b
+
+    def gen(self, rec: CompletionRecord) -> bytes:
+        b = self._gen.get(id(rec))
+        if b is None:
+            b = self._gen[id(rec)] = pack(rec.generation_token_ids)
+        return b
+
+    def extends_exact(self, pb: bytes, last: CompletionRecord) -> bool:
+        """The chain's stitched sequence (= last prompt + last sampled turn, by construction) prefixes `pb`."""
+        n, g = len(last.prompt_token_ids), len(last.generation_token_ids)
+        if len(pb) < _W * (n + g):
+            return False
+        return pb.startswith(self.gen(last), _W * n) and pb.startswith(self.prompt(last))
 
 
 class _Builder:
@@ -121,21 +141,23 @@ class _Builder:
         self.chains: list[_Chain] = []
         self.main: _Chain | None = None
         self.main_fp: Any = None
+        self.packed = _Packed()
 
     # -- placement --------------------------------------------------------------------------------------------
 
     def place(self, rec: CompletionRecord, kind: str, policy: str) -> None:
         p = rec.prompt_token_ids
+        pb = self.packed.prompt(rec)
         cands = [c for c in self.chains if _compatible(kind, c.kind)]
         no_eot: _Chain | None = None
         if self.o.fidelity == "exact":
-            best = self._match_exact(p, cands)
+            best = self._match_exact(pb, cands)
             if best is not None:
                 best.append_call(rec, policy, p[len(best.prompt) + len(best.resp) :])
                 self.tally.merged += 1
                 return
         else:
-            hit, no_eot = self._match_canonical(p, cands)
+            hit, no_eot = self._match_canonical(p, pb, cands)
             if hit is not None:
                 chain, inter, drift = hit
                 chain.drift_tokens += drift
@@ -143,7 +165,7 @@ class _Builder:
                 chain.append_call(rec, policy, inter)
                 self.tally.merged += 1
                 return
-        reason, chain_kind, related = self._explain_new(rec, kind, cands, no_eot)
+        reason, chain_kind, related = self._explain_new(rec, pb, kind, cands, no_eot)
         if reason is not None:
             self.tally.splits[reason] += 1
         chain = _Chain(kind=chain_kind, prompt=list(p), reason=reason, related=related)
@@ -153,19 +175,19 @@ class _Builder:
             self.main = chain
             self.main_fp = system_fingerprint(rec, self.terms)
 
-    def _match_exact(self, p: list[int], cands: list[_Chain]) -> _Chain | None:
+    def _match_exact(self, pb: bytes, cands: list[_Chain]) -> _Chain | None:
         best: _Chain | None = None
         best_len = -1
         for c in cands:
             tip_len = len(c.prompt) + len(c.resp)
-            if tip_len <= best_len or tip_len > len(p):
+            if tip_len <= best_len or _W * tip_len > len(pb):
                 continue
-            if _extends_exact(p, c.records[-1]):
+            if self.packed.extends_exact(pb, c.records[-1]):
                 best, best_len = c, tip_len
         return best
 
     def _match_canonical(
-        self, p: list[int], cands: list[_Chain]
+        self, p: list[int], pb: bytes, cands: list[_Chain]
     ) -> tuple[tuple[_Chain, list[int], int] | None, _Chain | None]:
         """Longest previous prompt that is a proper prefix of `p` and whose tail holds a terminator.
 
@@ -176,7 +198,7 @@ class _Builder:
         groups: dict[int, list[_Chain]] = {}
         for c in cands:
             lp = c.records[-1].prompt_token_ids
-            if _is_prefix(p, lp):
+            if pb.startswith(self.packed.prompt(c.records[-1])):
                 if len(lp) == len(p):
                     # the longest tip is this very prompt, already consumed: a sibling/retry, never an
                     # extension of some older, shorter tip
@@ -218,13 +240,13 @@ class _Builder:
     # -- explaining a new chain -------------------------------------------------------------------------------
 
     def _explain_new(
-        self, rec: CompletionRecord, kind: str, cands: list[_Chain], no_eot: _Chain | None
+        self, rec: CompletionRecord, pb: bytes, kind: str, cands: list[_Chain], no_eot: _Chain | None
     ) -> tuple[str | None, str, str | None]:
         """(split reason or None, chain kind, related record id) for a record that extends no tip."""
         if no_eot is not None:
             return SplitReason.NO_EOT.value, no_eot.kind, no_eot.records[-1].id
         p = rec.prompt_token_ids
-        found = self._longest_prompt_prefix(p, cands)
+        found = self._longest_prompt_prefix(p, pb, cands)
         if found is not None:
             chain, i = found
             q = chain.records[i]
@@ -238,7 +260,7 @@ class _Builder:
             else:
                 reason = SplitReason.TRUNCATED if q.finish_reason == "length" else SplitReason.DRIFT
             return reason.value, chain.kind, q.id
-        near = self._near_continuation(rec, cands)
+        near = self._near_continuation(rec, pb, cands)
         if near is not None:
             last = near.records[-1]
             reason = SplitReason.TRUNCATED if last.finish_reason == "length" else SplitReason.DRIFT
@@ -252,22 +274,40 @@ class _Builder:
             return SplitReason.COMPACTION.value, ChainKind.POST_COMPACTION.value, self.main.records[-1].id
         return None, ChainKind.SUBAGENT.value, None
 
-    @staticmethod
-    def _longest_prompt_prefix(p: list[int], cands: list[_Chain]) -> tuple[_Chain, int] | None:
-        """The earlier call (any position in a compatible chain) with the longest prompt that prefixes `p`; among
-        equally long ones the most recent (a retry duplicates the latest identical call)."""
+    def _longest_prompt_prefix(self, p: list[int], pb: bytes, cands: list[_Chain]) -> tuple[_Chain, int] | None:
+        """The earlier call (any position in a compatible chain) with the longest prompt that prefixes `p`.
+
+        Several calls can share that prompt (siblings, a retry): the one whose sampled turn agrees longest with what
+        follows in `p` wins (the turn `p` actually continues), then the most recent (a retry duplicates the latest).
+        """
         order = sorted(
             ((len(q.prompt_token_ids), q.seq, ci, i) for ci, c in enumerate(cands) for i, q in enumerate(c.records)),
             reverse=True,
         )
-        for n, _seq, ci, i in order:  # longest first: the first hit is the answer (one full compare, usually)
-            if n <= len(p) and _is_prefix(p, cands[ci].records[i].prompt_token_ids):
-                return cands[ci], i
-        return None
+        hits: list[tuple[int, int, int, int]] = []
+        for n, seq, ci, i in order:  # longest first: stop after the first length that hits
+            if hits and n < hits[0][0]:
+                break
+            if _W * n <= len(pb) and pb.startswith(self.packed.prompt(cands[ci].records[i])):
+                hits.append((n, seq, ci, i))
+        if not hits:
+            return None
+        if len(hits) == 1:
+            return cands[hits[0][2]], hits[0][3]
 
-    def _near_continuation(self, rec: CompletionRecord, cands: list[_Chain]) -> _Chain | None:
+        def agreement(h: tuple[int, int, int, int]) -> tuple[int, int]:
+            g = cands[h[2]].records[h[3]].generation_token_ids
+            n = h[0]
+            k = 0
+            while k < len(g) and n + k < len(p) and p[n + k] == g[k]:
+                k += 1
+            return k, h[1]
+
+        best = max(hits, key=agreement)
+        return cands[best[2]], best[3]
+
+    def _near_continuation(self, rec: CompletionRecord, pb: bytes, cands: list[_Chain]) -> _Chain | None:
         """A chain `rec` continues at the message level, or whose last prompt it shares except a short tail."""
-        p = rec.prompt_token_ids
         w = self.o.drift_window_tokens
         best: _Chain | None = None
         best_len = -1
@@ -280,7 +320,7 @@ class _Builder:
                 best, best_len = c, len(lp)
                 continue
             shared = len(lp) - w
-            if shared > len(lp) // 2 and _is_prefix(p, lp[:shared]):
+            if shared > len(lp) // 2 and pb.startswith(self.packed.prompt(last)[: _W * shared]):
                 best, best_len = c, len(lp)
         return best
 
