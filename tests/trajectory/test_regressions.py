@@ -286,3 +286,24 @@ def test_check_exact_catches_a_wrong_context() -> None:
     t.response_ids[4] = 999  # corrupt one interstitial token
     with pytest.raises(FidelityError, match="left context"):
         check_exact(t, {r.id: r for r in recs})
+
+
+# --- command line ----------------------------------------------------------------------------------------------
+
+
+def test_polar_build_cli(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    from nemo_polar.cli import main
+
+    p2 = [*P1, 200, E, NL, S, TOOL, 300, E, NL, S, AST]
+    path = tmp_path / "records.jsonl"
+    path.write_bytes(b"".join(r.to_json() + b"\n" for r in [rec(0, P1, [200, E]), rec(1, p2, [201, E])]))
+    out = tmp_path / "traces.jsonl"
+    assert main(["build", str(path), "--eot", str(E), "-o", str(out)]) == 0
+    (line,) = out.read_bytes().splitlines()
+    t = Trace.from_json(line)
+    assert t.call_spans == [("r0", 0, 2), ("r1", 10, 12)]
+    assert "chains=1 merged=1" in capsys.readouterr().err
+    assert main(["build", str(path), "--builder", "per_request", "--format", "gym", "-o", str(out)]) == 0
+    assert len(out.read_bytes().splitlines()) == 2
+    assert main(["build", str(path), "--fidelity", "canonical"]) == 2  # canonical without --eot: refused
+    assert main(["build", str(tmp_path / "missing.jsonl")]) == 2
