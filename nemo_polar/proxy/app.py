@@ -349,7 +349,13 @@ class Proxy:
                 raise ProviderError(400, "invalid_request", f"malformed JSON body: {exc}") from exc
             if not isinstance(body, dict):
                 raise ProviderError(400, "invalid_request", "the request body must be a JSON object")
-            req: ChatRequest = mod.parse_request(body, route)
+            try:
+                req: ChatRequest = mod.parse_request(body, route)
+            except ProviderError:
+                raise
+            except Exception as exc:  # a parser bug must still answer the client with a 4xx, never a 500
+                log.exception("dialect %s failed to parse a request", _dialect_value(mod))
+                raise ProviderError(400, "invalid_request", f"could not parse the request: {exc}") from exc
             if session.closed:
                 raise ProviderError(403, "permission", f"session {session.session_id} is closed")
             if counting:
@@ -438,6 +444,7 @@ class Proxy:
         arrived: float,
     ) -> web.StreamResponse:
         seq = session.take_seq()
+        stepped = False
         rec = CompletionRecord(
             id=uuid.uuid4().hex,
             session_id=session.session_id,
@@ -448,8 +455,13 @@ class Proxy:
             requested_model=req.model,
         )
         try:
-            rec.call_kind = session.classify(req.normalized_dict())
+            try:
+                rec.call_kind = session.classify(req.normalized_dict())
+            except Exception:  # an adapter's classifier bug must not fail the harness's call
+                log.exception("session %s: classifier failed; treating the call as main", session.session_id)
+                rec.call_kind = CallKind.MAIN.value
             step = session.next_step(rec.call_kind)
+            stepped = True
             rec.served_model = await self._resolve_model(session, req.model)
             sampling = self._enforce(req, session)
             normalized = req.normalized_dict()
@@ -457,10 +469,9 @@ class Proxy:
             rec.request = normalized
             await self._admit()
         except ProviderError as err:
+            if stepped:
+                session.give_back_step(rec.call_kind)
             return await self._fail(mod, rec, err)
-        except Exception as exc:  # a classifier bug must not become a 500 for the harness
-            log.exception("request preparation failed")
-            return await self._fail(mod, rec, ProviderError(500, "api_error", f"proxy error: {exc}"))
         self._in_flight += 1
         self._idle.clear()
         rec.policy_version = self.policy_version
@@ -475,6 +486,7 @@ class Proxy:
             out = mod.render_response(gen.result, req)
             return web.Response(body=orjson.dumps(out), content_type="application/json")
         except ProviderError as err:
+            session.give_back_step(rec.call_kind)
             return await self._fail(mod, rec, err)
         finally:
             self._in_flight -= 1
@@ -600,6 +612,7 @@ class Proxy:
     async def _forced(self, session: Session, rec: CompletionRecord, call: EngineCall, text: str) -> Generation:
         ctk = {**(call.sampling.get("chat_template_kwargs") or {}), "enable_thinking": False}
         call.sampling = {**call.sampling, "chat_template_kwargs": ctk}
+        rec.request["sampling"] = call.sampling  # the record keeps what was actually used
         extra = {"structured_outputs": {"choice": [text]}}
         prompt = await self._spliced_prompt(session, rec, call)
         if prompt is not None:
@@ -608,6 +621,7 @@ class Proxy:
             call.extra.update(extra)
             if call.request.tools and call.request.tool_choice not in (None, "auto"):
                 call.request.tool_choice = "auto"  # the grammar decides; a named/required choice would conflict
+                rec.request["tool_choice"] = "auto"
             gen = await self.engine.chat(call)
         res = gen.result
         assert res is not None
@@ -691,9 +705,13 @@ class Proxy:
             pass
         except ProviderError as err:  # nothing sent yet: a proper HTTP error in the caller's shape
             await _quiet(pending)
+            session.give_back_step(rec.call_kind)
             return await self._fail(mod, rec, err)
         await pending  # the placeholder is on disk before the first byte leaves
-        resp = web.StreamResponse(headers=_SSE_HEADERS)
+        headers = _SSE_HEADERS
+        if req.extra.get("stream_format") == "json_array":  # Google's streamGenerateContent without alt=sse
+            headers = {**_SSE_HEADERS, "Content-Type": "application/json"}
+        resp = web.StreamResponse(headers=headers)
         renderer = mod.StreamRenderer(req, "resp_" + rec.id)
         try:
             await resp.prepare(request)

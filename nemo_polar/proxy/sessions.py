@@ -140,6 +140,11 @@ class Session:
             return dict(self.plan.side)
         return None
 
+    def give_back_step(self, call_kind: str) -> None:
+        """A main call failed: its plan step applies to the harness's retry (unless a later call already moved on)."""
+        if call_kind == CallKind.MAIN.value and self.main_calls > 0:
+            self.main_calls -= 1
+
     def public(self, base_url: str) -> dict[str, Any]:
         return {
             "session_id": self.session_id,
@@ -210,7 +215,9 @@ class SessionManager:
             )
             stats = self.store.session_stats(sid)
             s.next_seq = stats["next_seq"]
-            s.main_calls = self.store.count_records(sid, lambda r: r.call_kind == CallKind.MAIN.value)
+            s.main_calls = self.store.count_records(
+                sid, lambda r: r.call_kind == CallKind.MAIN.value and r.error is None
+            )
             self._index(s)
         return len(self._by_id)
 

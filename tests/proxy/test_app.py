@@ -290,3 +290,28 @@ def test_sglang_engine_against_a_fake_sglang_server(fake_upstream, make_proxy):
     assert len(recs[0].prompt_token_ids) == fake.behaviour.n_prompt
     assert len(recs[0].generation_token_ids) == len(recs[0].generation_log_probs) == fake.behaviour.n_gen
     assert recs[1].generation_token_ids == recs[0].generation_token_ids
+
+
+def test_a_failed_main_call_keeps_its_plan_step_for_the_retry(fake_upstream, make_proxy):
+    fake = fake_upstream(fail_status=503)
+    h = make_proxy([fake.base_url])
+    s = h.session(plan={"version": 1, "steps": [{"text": "FIRST"}, {"text": "SECOND"}]})
+    with pytest.raises(openai.APIStatusError) as e:
+        _oa(h, s.api_key).chat.completions.create(model="m", messages=MSG)
+    assert e.value.status_code == 503
+    fake.behaviour.fail_status = None
+    assert _oa(h, s.api_key).chat.completions.create(model="m", messages=MSG).choices[0].message.content == "FIRST"
+    assert _oa(h, s.api_key).chat.completions.create(model="m", messages=MSG).choices[0].message.content == "SECOND"
+    assert [(r.origin, r.error is None) for r in h.records(s.session_id)] == [
+        ("forced", False), ("forced", True), ("forced", True)]
+
+
+def test_a_crashing_classifier_falls_back_to_main(fake_upstream, make_proxy):
+    h = make_proxy([fake_upstream().base_url])
+
+    def broken(req):
+        raise RuntimeError("adapter bug")
+
+    s = h.session(classifier=broken)
+    assert _oa(h, s.api_key).chat.completions.create(model="m", messages=MSG).choices
+    assert h.records(s.session_id)[0].call_kind == "main"
