@@ -131,7 +131,10 @@ def install(grpo_module: ModuleType | str | None = None) -> Callable[[Any], Any]
             estimator = original(master_config)
         else:
             cls = import_target(target)
-            estimator = cls(_with_tokenizer(adv_config, master_config), get_key(master_config, "loss_fn"))
+            # ours gets a plain dict with the policy tokenizer filled in; another plug-in gets NeMo RL's object as is
+            ours = _public_path(class_path(cls)) == ESTIMATOR_TARGET
+            config = _with_tokenizer(adv_config, master_config) if ours else adv_config
+            estimator = cls(config, get_key(master_config, "loss_fn"))
         chosen = check_chosen(estimator, adv_config)
         message = f"  ✓ advantage estimator class: {chosen}"
         print(message, flush=True)

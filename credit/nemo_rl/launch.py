@@ -43,6 +43,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 ENVIRONMENTS_ROOT = REPO_ROOT / "environments"
 EXTRA_ROOTS_ENV = "NEMO_GYM_EXTRA_ROOTS"
 RAY_SETUP_HOOK = "nemo_polar.credit.nemo_rl.patches.ray_worker_setup"
+# Gym server directories that nemo-polar ships under environments/: a config path into one of them must resolve
+OUR_GYM_DIRS = ("resources_servers/polar_swe", "responses_api_agents/polar_agent")
 
 
 class LaunchError(RuntimeError):
@@ -98,7 +100,7 @@ def resolve_gym_config_paths(paths: list[str], roots: list[Path]) -> list[tuple[
         if found is not None:
             out.append((path, str(found)))
             continue
-        ours = len(p.parts) > 1 and any((root / p.parts[0] / p.parts[1]).is_dir() for root in roots)
+        ours = len(p.parts) > 1 and "/".join(p.parts[:2]) in OUR_GYM_DIRS
         if ours:
             errors.append(f"{path}: not found under {', '.join(map(str, roots))}")
         elif gym_root is not None:

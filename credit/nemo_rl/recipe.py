@@ -17,6 +17,7 @@ Does not: import Hydra or NeMo RL.
 
 from __future__ import annotations
 
+import inspect
 import re
 from pathlib import Path
 from typing import Any
@@ -39,7 +40,11 @@ def register_resolvers() -> None:
         ("div", lambda a, b: a / b),
         ("max", lambda a, b: max(a, b)),
     ):
-        if not OmegaConf.has_resolver(name):
+        if OmegaConf.has_resolver(name):
+            continue
+        if "annotation_validation" in inspect.signature(OmegaConf.register_resolver).parameters:
+            OmegaConf.register_resolver(name, fn)  # omegaconf >= 2.4 (register_new_resolver is deprecated there)
+        else:
             OmegaConf.register_new_resolver(name, fn)
 
 

@@ -284,6 +284,10 @@ class PolarSchema(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    harness: Literal[
+        "claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi", "mini_swe_agent", "shell"
+    ] = "claude_code"
+    builder: Literal["per_request", "prefix_merging"] = "prefix_merging"
     gateways: list[str] = Field(default_factory=list)
     admin_timeout_s: float = Field(default=30.0, gt=0)
     polar_calls_patch: bool = False

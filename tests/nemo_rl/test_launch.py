@@ -1,0 +1,278 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`launch --dry-run` on every recipe against the STAND-IN NeMo RL modules, the plain-GRPO guard, `install()`,
+the refit hooks against a fake Polar gateway on loopback, and the `polar_calls` patch.
+
+NeMo RL is not installable here, so `--grpo-module tests.nemo_rl.standin_grpo` (a test double shaped like the
+pinned `nemo_rl.algorithms.grpo`) replaces it; `test_nemo_rl_optional.py` runs the same against the real one
+where `nemo_rl` is importable.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+import torch
+from nemo_polar.credit.nemo_rl import CallCreditAdvantageEstimator, install, uninstall
+from nemo_polar.credit.nemo_rl.factory import PluginNotLoadedError, allows_name_call_credit
+from nemo_polar.credit.nemo_rl.launch import EXTRA_ROOTS_ENV, run
+from nemo_polar.credit.nemo_rl.patches import install_polar_calls_patch
+
+from . import standin_grpo, standin_rollouts
+from .nemo_rl_repro import build_batch
+
+ROOT = Path(__file__).resolve().parents[2]
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+STANDIN = ["--grpo-module", "tests.nemo_rl.standin_grpo", "--rollouts-module", "tests.nemo_rl.standin_rollouts"]
+OUR_CLASS = "nemo_polar.credit.nemo_rl.CallCreditAdvantageEstimator"
+PLAIN_CLASS = "tests.nemo_rl.standin_grpo.GRPOAdvantageEstimator"
+POLAR_SWE_CONFIG = "resources_servers/polar_swe/configs/polar_swe.yaml"
+
+
+@pytest.fixture
+def gym_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An extra Gym root with polar_swe's config when environments/ does not ship it yet (a named placeholder)."""
+    if not (ROOT / "environments" / POLAR_SWE_CONFIG).is_file():
+        placeholder = tmp_path / "gym_root" / POLAR_SWE_CONFIG
+        placeholder.parent.mkdir(parents=True)
+        placeholder.write_text("# PLACEHOLDER for tests until environments/ ships polar_swe\npolar_swe: {}\n")
+        monkeypatch.setenv(EXTRA_ROOTS_ENV, str(tmp_path / "gym_root"))
+    else:
+        monkeypatch.delenv(EXTRA_ROOTS_ENV, raising=False)
+    return tmp_path
+
+
+@pytest.fixture
+def data_file(tmp_path: Path) -> Path:
+    path = tmp_path / "train.jsonl"
+    path.write_text(
+        json.dumps({"responses_create_params": {"input": []}, "agent_ref": {"name": "polar_agent"}}) + "\n"
+    )
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _restore_standins() -> Iterator[None]:
+    factory, refit = standin_grpo._create_advantage_estimator, standin_grpo.refit_policy_generation
+    post = standin_rollouts._postprocess_single_nemo_gym_group
+    yield
+    standin_grpo._create_advantage_estimator, standin_grpo.refit_policy_generation = factory, refit
+    standin_rollouts._postprocess_single_nemo_gym_group = post
+    standin_grpo.REFITS.clear()
+
+
+def _dry_run(recipe: Path, *extra: str) -> list[str]:
+    return ["--config", str(recipe), "--dry-run", *STANDIN, *extra]
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_dry_run_each_recipe(
+    recipe: Path, gym_root: Path, data_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    rc = run(_dry_run(recipe, f"data.train.data_path={data_file}", "polar.harness=qwen_code"))
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    wanted = OUR_CLASS if "call_credit" in recipe.name or "smoke" in recipe.name else PLAIN_CLASS
+    assert f"advantage estimator class: {wanted}" in out.out
+    assert f"{EXTRA_ROOTS_ENV}={ROOT / 'environments'}" in out.out
+    assert os.environ[EXTRA_ROOTS_ENV].split(os.pathsep)[0] == str(ROOT / "environments")
+    assert f"gym config: {POLAR_SWE_CONFIG} -> " in out.out and POLAR_SWE_CONFIG in out.out.split("-> ")[-1]
+    assert f"data.train: {data_file.resolve()}" in out.out
+    assert "dry run: not training" in out.out
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_header_command_runs_as_a_process(recipe: Path, gym_root: Path, data_file: Path) -> None:
+    """The exact command on each recipe's first line, plus --dry-run and the stand-in, in a fresh interpreter."""
+    command = shlex.split(recipe.read_text().splitlines()[0].lstrip("# "))
+    assert command[:3] == ["python", "-m", "nemo_polar.credit.nemo_rl.launch"]
+    argv = [sys.executable, *command[1:], "--dry-run", *STANDIN, f"data.train.data_path={data_file}"]
+    proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ))
+    assert proc.returncode == 0, proc.stderr
+    assert "advantage estimator class:" in proc.stdout
+
+
+def test_guard_plugin_not_loaded_means_plain_grpo_and_refuses(
+    gym_root: Path, data_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(ROOT)
+    recipe = ROOT / "recipes" / "grpo_polar_swe_qwen3_5_4b_call_credit.yaml"
+    rc = run(_dry_run(recipe, "--no-plugin", f"data.train.data_path={data_file}"))
+    err = capsys.readouterr().err
+    assert rc == 3
+    assert f"asks for {OUR_CLASS} but NeMo RL built {PLAIN_CLASS}" in err
+    # the plain recipe is fine without the plug-in: it asks for nothing else
+    rc = run(
+        _dry_run(
+            ROOT / "recipes" / "grpo_polar_swe_qwen3_5_4b.yaml", "--no-plugin", f"data.train.data_path={data_file}"
+        )
+    )
+    assert rc == 0 and f"advantage estimator class: {PLAIN_CLASS}" in capsys.readouterr().out
+
+
+def test_name_call_credit_where_allowed(gym_root: Path, data_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert allows_name_call_credit(standin_grpo)  # `name: str` at the pinned commit
+    recipe = ROOT / "recipes" / "grpo_polar_swe_qwen3_5_4b.yaml"
+    rc = run(_dry_run(recipe, "grpo.adv_estimator.name=call_credit", f"data.train.data_path={data_file}"))
+    assert rc == 0 and f"advantage estimator class: {OUR_CLASS}" in capsys.readouterr().out
+
+
+def test_dry_run_fails_loudly_on_missing_files(
+    gym_root: Path, data_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = ROOT / "recipes" / "grpo_polar_swe_qwen3_5_4b_call_credit.yaml"
+    assert run(_dry_run(recipe, "data.train.data_path=/nonexistent/train.jsonl")) == 2
+    assert "data.train: /nonexistent/train.jsonl not found" in capsys.readouterr().err
+    missing_cfg = "env.nemo_gym.config_paths=[resources_servers/polar_swe/configs/missing.yaml]"
+    assert run(_dry_run(recipe, missing_cfg, f"data.train.data_path={data_file}")) == 2
+    assert "resources_servers/polar_swe/configs/missing.yaml: not found" in capsys.readouterr().err
+    assert run(_dry_run(recipe, "grpo.not_a_key=1", f"data.train.data_path={data_file}")) == 2
+    assert "prefix with '+'" in capsys.readouterr().err
+    absent = ["--config", str(recipe), "--dry-run", "--grpo-module", "nemo_rl_absent.x"]
+    assert run([*absent, f"data.train.data_path={data_file}"]) == 2
+    assert "cannot import nemo_rl_absent.x" in capsys.readouterr().err
+
+
+def test_install_wraps_once_logs_and_guards(capsys: pytest.CaptureFixture[str]) -> None:
+    original = standin_grpo._create_advantage_estimator
+    wrapper = install(standin_grpo)
+    assert install(standin_grpo) is wrapper and standin_grpo._create_advantage_estimator is wrapper
+    master = standin_grpo.MasterConfig(
+        policy={"tokenizer": {"name": "Qwen/Qwen3.5-4B"}},
+        loss_fn={},
+        env={},
+        data={},
+        grpo={"adv_estimator": {"name": "grpo", "_target_": OUR_CLASS, "call_credit": {"alpha": 0.7}}},
+        logger={},
+        cluster={},
+        checkpointing={},
+    )
+    est = standin_grpo._create_advantage_estimator(master)
+    assert isinstance(est, CallCreditAdvantageEstimator) and est.alpha == 0.7
+    assert est.options.call_credit.tokenizer == "Qwen/Qwen3.5-4B"  # filled from policy.tokenizer.name
+    assert f"advantage estimator class: {OUR_CLASS}" in capsys.readouterr().out
+    # a _target_ naming another class is built and checked the same way
+    master.grpo.adv_estimator = standin_grpo.AdvEstimatorConfig(name="grpo", _target_=f"{PLAIN_CLASS}")
+    assert isinstance(standin_grpo._create_advantage_estimator(master), standin_grpo.GRPOAdvantageEstimator)
+    uninstall(standin_grpo)
+    assert standin_grpo._create_advantage_estimator is original
+    # without the wrapper, the pinned factory builds plain GRPO for a CALL-CREDIT config: the guard catches it
+    from nemo_polar.credit.nemo_rl.factory import check_chosen
+
+    master.grpo.adv_estimator = standin_grpo.AdvEstimatorConfig(name="grpo", _target_=OUR_CLASS)
+    with pytest.raises(PluginNotLoadedError):
+        check_chosen(standin_grpo._create_advantage_estimator(master), master.grpo.adv_estimator)
+
+
+class _FakePolarGateway(BaseHTTPRequestHandler):
+    """FAKE Polar gateway admin endpoint on loopback: records every POST."""
+
+    calls: ClassVar[list[tuple[str, dict]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        type(self).calls.append((self.path, json.loads(body or b"{}")))
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def fake_gateway() -> Iterator[str]:
+    _FakePolarGateway.calls = []
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _FakePolarGateway)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def test_launch_runs_entry_script_with_refit_hooks_and_patch(
+    gym_root: Path,
+    data_file: Path,
+    fake_gateway: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sys, "argv", list(sys.argv))
+    recipe = ROOT / "recipes" / "grpo_polar_swe_smoke.yaml"
+    entry = ROOT / "tests" / "nemo_rl" / "standin_run_grpo_nemo_gym.py"
+    rc = run(
+        [
+            "--config",
+            str(recipe),
+            *STANDIN,
+            "--entry-script",
+            str(entry),
+            f"data.train.data_path={data_file}",
+            f"polar.gateways=[{fake_gateway}]",
+            "polar.admin_timeout_s=5",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "refit: pause/policy_version/resume on 1 Polar gateway(s)" in out and "polar_calls patch: on" in out
+    assert "standin step 1: CallCreditAdvantageEstimator advantage sum" in out
+    assert len(standin_grpo.REFITS) == 2
+    assert _FakePolarGateway.calls == [
+        ("/admin/pause", {}),
+        ("/admin/policy_version", {"policy_version": 1}),
+        ("/admin/resume", {}),
+        ("/admin/pause", {}),
+        ("/admin/policy_version", {"policy_version": 2}),
+        ("/admin/resume", {}),
+    ]
+
+
+def test_refit_failure_resumes_and_unreachable_gateway_raises(fake_gateway: str) -> None:
+    from nemo_polar.credit.nemo_rl.gateways import GatewayAdmin, GatewayAdminError, wrap_refit
+
+    def broken_refit(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("refit failed")
+
+    standin_grpo.refit_policy_generation = broken_refit  # type: ignore[assignment]
+    wrap_refit(standin_grpo, GatewayAdmin([fake_gateway], timeout_s=5))
+    with pytest.raises(RuntimeError, match="refit failed"):
+        standin_grpo.refit_policy_generation(None, None, False)
+    assert [p for p, _ in _FakePolarGateway.calls] == ["/admin/pause", "/admin/resume"]
+    with pytest.raises(GatewayAdminError, match="/admin/pause"):
+        GatewayAdmin(["http://127.0.0.1:9"], timeout_s=1, attempts=2).pause()
+
+
+def test_polar_calls_patch_carries_annotations_into_the_batch() -> None:
+    install_polar_calls_patch(standin_rollouts)
+    rows = [[([1, 2], [3, 4]), ([1, 2, 3, 4, 5], [6])], [([1, 2], [7])]]
+    batch = build_batch(rows, [1.0, 0.0])
+    calls = [
+        [{"call_index": 0, "role": "IG", "parents": []}, {"call_index": 1, "role": "AE", "parents": [0]}],
+        [{"call_index": 0, "role": "OTHER", "parents": []}],
+    ]
+    results = [
+        {"message_log": log, "full_result": {"reward": r, "polar_calls": c}}
+        for log, r, c in zip(batch["repeated_batch"]["message_log"], [1.0, 0.0], calls, strict=True)
+    ]
+    group = standin_rollouts.run_group([{}, {}], results)
+    assert group.final_batch["polar_calls"] == calls
+    est = CallCreditAdvantageEstimator({"call_credit": {"alpha": 0.0}}, None)
+    adv = est.compute_advantage(batch["prompt_ids"], batch["rewards"], batch["mask"], repeated_batch=group.final_batch)
+    assert [a.role for a in est.last_annotations[0]] == ["IG", "AE"]
+    assert est.last_metrics["call_credit/rows_annotated_from_polar_calls"] == 1.0
+    assert adv.shape == batch["mask"].shape and torch.all(adv[batch["mask"] == 0] == 0)
