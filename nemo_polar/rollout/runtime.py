@@ -6,9 +6,9 @@ in it with a timeout, files are uploaded into it, `diff()` returns everything ch
 baseline taken at creation, so the agent's own commits are included), `destroy()` kills what still runs and
 removes it. Every command runs in its own process group; a timeout or a cancellation kills the whole group.
 
-`LocalRuntime` runs plain host processes: no sandbox, no network isolation. It is only chosen when a task says
-`isolation: none`; the bubblewrap sandbox lives in `nemo_polar.runtime` (another package). This module knows
-nothing of agents or evaluators.
+`LocalRuntime` runs plain host processes: no sandbox, no network isolation; it is only chosen when a task says
+`isolation: none`. `SandboxRuntime` (the default, `isolation: sandbox`) runs each command through the bubblewrap
+sandbox of `nemo_polar.runtime`. This module knows nothing of agents or evaluators.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Protocol, runtime_checkable
+from typing import IO, Any, Protocol, runtime_checkable
 
 from nemo_polar.rollout.spec import RuntimeSpec
 
-__all__ = ["ExecResult", "LocalRuntime", "Runtime", "RuntimeSetupError", "create_runtime"]
+__all__ = ["ExecResult", "LocalRuntime", "Runtime", "RuntimeSetupError", "SandboxRuntime", "create_runtime"]
 
 _TAIL = 64 * 1024
 _GIT_EXCLUDES = "__pycache__/\n*.pyc\n.pytest_cache/\n.polar/\n"
@@ -91,7 +91,7 @@ class LocalRuntime:
 
     def __init__(self, session_id: str, root: Path, spec: RuntimeSpec):
         self.session_id = session_id
-        self.root = root
+        self.root = root = root.absolute()
         self.workdir = root / "workdir"
         self.home = root / "home"
         self.tmp = root / "tmp"
@@ -138,6 +138,8 @@ class LocalRuntime:
             "HOME": str(self.home),
             "TMPDIR": str(self.tmp),
             "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "TERM": "dumb",
             "PYTHONDONTWRITEBYTECODE": "1",
             "GIT_CONFIG_NOSYSTEM": "1",
             "POLAR_SESSION_ID": self.session_id,
@@ -147,7 +149,7 @@ class LocalRuntime:
 
     async def _git(self, *args: str, timeout_s: float = 60.0) -> ExecResult:
         argv = ["git", "-c", "user.name=polar", "-c", "user.email=polar@localhost", "-c", "commit.gpgsign=false"]
-        return await self.exec([*argv, *args], timeout_s=timeout_s)
+        return await self._host_exec([*argv, *args], timeout_s=timeout_s)  # bookkeeping: never sandboxed
 
     async def _baseline(self) -> None:
         for step in (("init", "-q"), ("add", "-A"), ("commit", "-q", "--allow-empty", "-m", "polar baseline")):
@@ -161,6 +163,16 @@ class LocalRuntime:
         self._base_sha = head.stdout.strip()
 
     async def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout_s: float,
+        env: Mapping[str, str] | None = None,
+        stdout_path: Path | None = None,
+    ) -> ExecResult:
+        return await self._host_exec(command, timeout_s=timeout_s, env=env, stdout_path=stdout_path)
+
+    async def _host_exec(
         self,
         command: str | Sequence[str],
         *,
@@ -264,23 +276,63 @@ def _tail_bytes(path: Path) -> bytes:
         return f.read()
 
 
-async def create_runtime(session_id: str, spec: RuntimeSpec, root: Path) -> Runtime:
-    """A runtime for `spec`: `local` + `isolation: none` is built here; sandboxed kinds come from
-    `nemo_polar.runtime` when it provides them, otherwise this fails explicitly (never silently unsandboxed)."""
+class SandboxRuntime(LocalRuntime):
+    """The same per-session directory, but every command runs under bubblewrap (`nemo_polar.runtime.Sandbox`):
+    read-only system, private HOME / tmp, writable workdir, and a network namespace whose only route out is the
+    proxy's loopback port. The git bookkeeping (baseline, diff) stays on the host."""
+
+    def __init__(self, session_id: str, root: Path, spec: RuntimeSpec, proxy_port: int):
+        super().__init__(session_id, root, spec)
+        self.proxy_port = proxy_port
+        self._sandbox: Any = None
+
+    @classmethod
+    async def create_sandboxed(cls, session_id: str, spec: RuntimeSpec, root: Path, proxy_port: int) -> SandboxRuntime:
+        from nemo_polar.runtime.sandbox import Sandbox, SandboxError, SandboxSpec
+
+        rt = cls(session_id, root, spec, proxy_port)
+        try:
+            await asyncio.to_thread(rt._populate)
+            await rt._baseline()
+            rt._sandbox = Sandbox(SandboxSpec(workdir=rt.workdir, home=rt.home, proxy_port=proxy_port))
+            await rt._sandbox.__aenter__()
+        except SandboxError as exc:
+            await rt.destroy()
+            raise RuntimeSetupError(str(exc)) from exc
+        except BaseException:
+            await rt.destroy()
+            raise
+        return rt
+
+    async def exec(
+        self,
+        command: str | Sequence[str],
+        *,
+        timeout_s: float,
+        env: Mapping[str, str] | None = None,
+        stdout_path: Path | None = None,
+    ) -> ExecResult:
+        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        full_env = self.base_env()
+        full_env["TMPDIR"] = "/tmp"  # the sandbox has its own /tmp
+        full_env.update(env or {})
+        res = await self._sandbox.run(argv, env=full_env, timeout_s=timeout_s, stdout_path=stdout_path)
+        return ExecResult(res.exit_code, res.stdout, res.stderr, res.timed_out, res.duration_s)
+
+    async def destroy(self) -> None:
+        if self._sandbox is not None:
+            sandbox, self._sandbox = self._sandbox, None
+            await sandbox.__aexit__(None, None, None)
+        await super().destroy()
+
+
+async def create_runtime(session_id: str, spec: RuntimeSpec, root: Path, *, proxy_port: int | None = None) -> Runtime:
+    """A runtime for `spec`: `local` + `isolation: none` is a plain directory with host processes; `local` +
+    `isolation: sandbox` runs every command under bubblewrap with only `proxy_port` reachable. Other kinds
+    (docker, apptainer) are not available yet and fail explicitly — never silently unsandboxed."""
     if spec.kind == "local" and spec.isolation == "none":
         return await LocalRuntime.create(session_id, spec, root)
-    try:
-        from nemo_polar import runtime as sandbox_pkg
-
-        factory = getattr(sandbox_pkg, "create_runtime", None)
-    except ImportError:  # pragma: no cover - the package exists in the layout
-        factory = None
-    if factory is None:
-        raise RuntimeSetupError(
-            f"runtime kind={spec.kind!r} isolation={spec.isolation!r} is not available "
-            "(nemo_polar.runtime provides no create_runtime yet); use isolation: none for plain processes"
-        )
-    rt = await factory(session_id, spec, root)
-    if not isinstance(rt, Runtime):
-        raise RuntimeSetupError(f"nemo_polar.runtime.create_runtime returned {type(rt).__name__}, not a Runtime")
-    return rt
+    if spec.kind == "local":
+        # with no proxy the relay's port leads nowhere: the sandbox then has no route out at all
+        return await SandboxRuntime.create_sandboxed(session_id, spec, root, proxy_port or 9)
+    raise RuntimeSetupError(f"runtime kind {spec.kind!r} is not available on this gateway (local only)")

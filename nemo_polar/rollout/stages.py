@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 import orjson
 
@@ -111,8 +112,12 @@ class SessionWork:
     # -- INIT ------------------------------------------------------------------------------------------------------
 
     async def make_runtime(self, job: Job, name: str) -> Runtime:
+        port = urlsplit(self.proxy.base_url).port if self.proxy is not None else None
         rt = await create_runtime(
-            f"{job.session_id}.{name}", job.task.runtime, self.work_dir / "runtimes" / job.session_id / name
+            f"{job.session_id}.{name}",
+            job.task.runtime,
+            self.work_dir / "runtimes" / job.session_id / name,
+            proxy_port=port,
         )
         try:
             await self._prepare(rt, job)
@@ -268,7 +273,10 @@ class SessionWork:
             path = rt.home / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(text)
-        return adapter.command(ctx, task.instruction), adapter.env(ctx)
+        env = adapter.env(ctx)
+        for var in adapter.env_unset:
+            env.pop(var, None)
+        return adapter.command(ctx, task.instruction), env
 
     # -- POSTRUN ---------------------------------------------------------------------------------------------------
 

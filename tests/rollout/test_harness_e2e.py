@@ -1,0 +1,108 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The rollout service end to end with a REAL harness CLI: PolarClient → rollout server → gateway (INIT a
+bubblewrap sandbox with the example repo → RUN the CLI against the gateway's hosted proxy, driven by the example's
+`fix_plan` / `noop_plan` → POSTRUN records → trajectory → `swe_tests` on a fresh sandbox) → results.
+
+Upstreams: `vllm` is real vLLM-CPU `tiny-qwen3` (fixture `vllm_qwen3`), the acceptance run; `fake` is the proxy's
+FAKE upstream (`nemo_polar.proxy.fake_upstream`, named as a fake), which checks the wiring in seconds and claims
+nothing about what a model produced: forced plan steps decide the session either way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nemo_polar.harness_adapters import get_adapter
+from nemo_polar.harness_adapters.install import status as install_status
+
+from nemo_polar.rollout import PolarClient
+from nemo_polar.rollout.proxylink import HostedProxy
+from nemo_polar.runtime.sandbox import bwrap_available
+from nemo_polar.types import SessionResult
+
+from .helpers import example_task, start_gateway, start_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+# Codex (OpenAI Responses) and Qwen Code (OpenAI Chat); Claude Code currently stops at the proxy with
+# "messages[1].role: must be 'user' or 'assistant', got 'system'" (reported to the proxy owners).
+HARNESSES = ("codex", "qwen_code")
+
+
+@pytest.fixture(params=["fake", "vllm"])
+def upstream(request: pytest.FixtureRequest) -> dict[str, Any]:
+    if bwrap_available() is None:
+        pytest.skip("bubblewrap is not installed (make test installs Debian `bubblewrap`)")
+    if request.param == "fake":
+        return {"kind": "fake", "model": "tiny-qwen3"}
+    if importlib.util.find_spec("tests.fixtures_backend") is None:
+        pytest.skip("the vLLM-CPU backend fixtures have not landed")
+    backend = request.getfixturevalue("vllm_qwen3")
+    return {
+        "kind": "vllm",
+        "url": backend.base_url,
+        "model": backend.model,
+        "model_dir": str(backend.model_dir),
+        "eot": list(backend.eot_token_ids),
+    }
+
+
+@pytest.mark.parametrize("harness", HARNESSES)
+def test_fix_plan_scores_one_and_noop_zero_with_a_real_harness(
+    harness: str, upstream: dict[str, Any], tmp_path: Path
+) -> None:
+    if not install_status(get_adapter(harness)).installed:
+        pytest.fail(f"{harness} is not installed: run `polar harness install {harness}` (make test does)")
+    from nemo_polar.proxy.app import ProxyConfig
+    from nemo_polar.proxy.fake_upstream import FakeUpstream
+
+    async def main() -> list[SessionResult]:
+        fake = None
+        if upstream["kind"] == "fake":
+            fake = await FakeUpstream().start()
+            url, extra, builder_options = fake.base_url, {}, {}
+        else:
+            url = upstream["url"]
+            extra = {"prefix_preserving": "splice", "model_dir": upstream["model_dir"]}
+            builder_options = {"eot_token_ids": upstream["eot"]}
+        proxy = await HostedProxy(
+            ProxyConfig(upstreams=[url], store_dir=str(tmp_path / "proxy"), served_model=upstream["model"], **extra)
+        ).start()
+        runner, server_url, _ = await start_server(tmp_path)
+        gw = await start_gateway(tmp_path, server_url, model=upstream["model"], builder_options=builder_options)
+        gw.work.proxy = proxy
+        try:
+            task = example_task(
+                "median",
+                task_id=f"e2e-{harness}-{upstream['kind']}",
+                plans=("fix_plan", "noop_plan"),
+                runtime={"isolation": "sandbox", "source": "example:median"},
+                agent={"harness": harness, "timeout_s": 300, "options": {"max_turns": 12}},
+                builder="prefix_merging" if upstream["kind"] == "vllm" else "per_request",
+                timeout_s=600,
+            )
+            async with PolarClient(server_url, poll_wait_s=5) as client:
+                await client.submit(task)
+                return await asyncio.wait_for(client.collect(task.task_id), timeout=900)
+        finally:
+            await gw.close()
+            await runner.cleanup()
+            await proxy.stop()
+            if fake is not None:
+                await fake.stop()
+
+    results = asyncio.run(main())
+    by = {r.sample_index: r for r in results}
+    assert sorted(by) == [0, 1]
+    for r in results:
+        assert r.status == "COMPLETED", r.metadata
+        assert r.record_ids, "the harness's model calls were recorded"
+        assert r.metadata["agent_exit_code"] == 0
+    assert by[0].reward == 1.0, by[0].eval
+    assert by[1].reward == 0.0 and by[1].eval is not None and by[1].eval.details == {"empty_patch": True}
+    if upstream["kind"] == "vllm":
+        main_traces = [t for t in by[0].trajectory.traces if t.chain_kind == "main"]
+        assert len(main_traces) >= 1 and main_traces[0].reward == 1.0
