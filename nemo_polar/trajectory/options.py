@@ -56,8 +56,8 @@ class BuildOptions(BaseModel):
     side_calls: Literal["keep", "mask", "drop"] = "mask"
     forced_policy: Literal["mask", "keep"] = "mask"
     classifier: Callable[[CompletionRecord], Any] | None = None
-    reward: float | None = None
-    side_reward: float | None = None
+    reward: float | None = Field(default=None, allow_inf_nan=False)
+    side_reward: float | None = Field(default=None, allow_inf_nan=False)
     drift_window_tokens: int = Field(default=32, ge=0)
     verify: bool = False
 

@@ -8,7 +8,16 @@ from __future__ import annotations
 
 import pytest
 
-from nemo_polar.trajectory import FidelityError, OptionsError, build, check_exact, register_builder
+from nemo_polar.trajectory import (
+    FidelityError,
+    OptionsError,
+    build,
+    check_exact,
+    register_builder,
+    to_gym_records,
+    to_message_log,
+    traces_to_jsonl,
+)
 from nemo_polar.types import CompletionRecord, Trace, Trajectory
 
 S, E, NL = 1, 2, 3
@@ -277,6 +286,8 @@ def test_options_report_every_error_at_once() -> None:
         assert key in text
     with pytest.raises(OptionsError, match="eot_token_ids"):
         build([], "prefix_merging", fidelity="canonical")
+    with pytest.raises(OptionsError, match="reward"):
+        build([], "prefix_merging", reward=float("nan"))
 
 
 def test_check_exact_catches_a_wrong_context() -> None:
@@ -307,3 +318,47 @@ def test_polar_build_cli(tmp_path, capsys) -> None:  # type: ignore[no-untyped-d
     assert len(out.read_bytes().splitlines()) == 2
     assert main(["build", str(path), "--fidelity", "canonical"]) == 2  # canonical without --eot: refused
     assert main(["build", str(tmp_path / "missing.jsonl")]) == 2
+
+
+# --- exports with content --------------------------------------------------------------------------------------
+
+
+def test_gym_items_mirror_calls_and_fold_masked_ones() -> None:
+    p2 = [*P1, 200, E, NL, S, TOOL, 300, E, NL, S, AST]
+    p3 = [*p2, 201, E, NL, S, TOOL, 301, E, NL, S, AST]
+    r0 = rec(
+        0,
+        P1,
+        [200, E],
+        response={
+            "content": "",
+            "reasoning": "look first",
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "shell", "arguments": '{"cmd": "ls"}'}}
+            ],
+        },
+    )
+    r1 = rec(1, p2, [201, E], origin="forced")  # masked: its tokens travel in the next prompt delta
+    r2 = rec(
+        2,
+        p3,
+        [202, E],
+        response={"content": "done", "tool_calls": []},
+        request={
+            "messages": [{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "c2", "content": "ok"}]
+        },
+    )
+    traj = build([r0, r1, r2], "prefix_merging")
+    (row,) = to_gym_records(traj, [r0, r1, r2])
+    items = row["response"]["output"]
+    assert [it["type"] for it in items] == ["reasoning", "function_call", "function_call_output", "message"]
+    assert items[1]["name"] == "shell" and items[1]["generation_token_ids"] == [200, E]
+    assert items[2] == {"type": "function_call_output", "call_id": "c2", "output": "ok"}
+    assert items[3]["prompt_token_ids"] == p3 and items[3]["generation_token_ids"] == [202, E]
+    assert "generation_token_ids" not in items[0]
+    log = to_message_log(traj.traces[0], as_tensors=True)
+    assert [m["role"] for m in log] == ["user", "assistant", "user", "assistant"]
+    assert log[2]["token_ids"].tolist() == p3[len(P1) + 2 :] and not log[2]["token_loss_mask"].any()
+    assert log[3]["token_loss_mask"].tolist() == [1, 1] and log[3]["generation_logprobs"].dtype.is_floating_point
+    lines = traces_to_jsonl(traj).splitlines()
+    assert Trace.from_json(lines[0]).response_ids == traj.traces[0].response_ids
