@@ -455,8 +455,9 @@ class Proxy:
             requested_model=req.model,
         )
         try:
+            normalized = req.normalized_dict()
             try:
-                rec.call_kind = session.classify(req.normalized_dict())
+                rec.call_kind = session.classify(normalized)
             except Exception:  # an adapter's classifier bug must not fail the harness's call
                 log.exception("session %s: classifier failed; treating the call as main", session.session_id)
                 rec.call_kind = CallKind.MAIN.value
@@ -464,8 +465,7 @@ class Proxy:
             stepped = True
             rec.served_model = await self._resolve_model(session, req.model)
             sampling = self._enforce(req, session)
-            normalized = req.normalized_dict()
-            normalized["sampling"] = sampling
+            normalized = {**normalized, "sampling": sampling}
             rec.request = normalized
             await self._admit()
         except ProviderError as err:

@@ -86,6 +86,9 @@ class RecordStore:
         self._thread: threading.Thread | None = None
         self._inline_conn: sqlite3.Connection | None = None
         self._inline_batch: list[Any] = []
+        self._ckpt_thread: threading.Thread | None = None
+        self._ckpt_stop = threading.Event()
+        self.checkpoint_every_s = 1.0
         self._reader: sqlite3.Connection | None = None
         self._closed = True
         self.batches = 0
@@ -110,8 +113,23 @@ class RecordStore:
             self._thread = threading.Thread(target=self._writer, name="polar-store-writer", daemon=True)
             self._thread.start()
         else:
+            # WAL checkpoints (which fsync) run in a background thread, never on the event loop
             self._inline_conn = self._connect()
+            self._inline_conn.execute("PRAGMA wal_autocheckpoint=0")
+            self._ckpt_stop.clear()
+            self._ckpt_thread = threading.Thread(target=self._checkpointer, name="polar-store-ckpt", daemon=True)
+            self._ckpt_thread.start()
         return self
+
+    def _checkpointer(self) -> None:
+        conn = self._connect()
+        while not self._ckpt_stop.wait(self.checkpoint_every_s):
+            try:
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            except sqlite3.Error as exc:  # busy: try again next round
+                log.debug("checkpoint skipped: %s", exc)
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        conn.close()
 
     def close(self) -> None:
         """Flush pending writes and stop the writer thread."""
@@ -122,6 +140,9 @@ class RecordStore:
             self._flush_inline()
             self._inline_conn.close()
             self._inline_conn = None
+            self._ckpt_stop.set()
+            if self._ckpt_thread is not None:
+                self._ckpt_thread.join(timeout=30)
         self._queue.put(_STOP)
         if self._thread is not None:
             self._thread.join(timeout=30)
