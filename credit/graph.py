@@ -32,14 +32,22 @@ _EXT = (
     "swift|m|mm|lua|pl|pm|r|jl|ex|exs|erl|hs|ml|dart|sh|bash|zsh|sql|md|rst|txt|json|jsonl|yaml|yml|toml|cfg|ini|"
     "conf|env|lock|xml|html|htm|css|scss|less|proto|gradle|mk|cmake|tf|bzl|csv|tsv|log|patch|diff|in|tmpl|j2|jinja"
 )
-_PATH_RE = re.compile(r"(?<![\w@$])((?:\.{0,2}/)?(?:[\w.+-]+/)*[\w+-][\w.+-]*\.(?:" + _EXT + r"))(?![\w/])", re.I)
-_SPECIAL_FILES = re.compile(r"(?<![\w.])((?:[\w.-]+/)*(?:Makefile|Dockerfile|Gemfile|Rakefile|Procfile|LICENSE))\b")
-_DEF_RE = re.compile(
-    r"\b(?:def|class|function|func|fn|struct|interface|enum|trait|type|module|const|let|var|val|impl)\s+"
-    r"(?:\([^)]*\)\s*)?([A-Za-z_][A-Za-z0-9_]*)"
-)
+_EXTS = frozenset(_EXT.split("|"))
+_SPECIAL_NAMES = frozenset({"Makefile", "Dockerfile", "Gemfile", "Rakefile", "Procfile", "LICENSE"})
+# path candidates: runs of characters that can make a path, cut at whitespace, quotes and punctuation
+_TOKEN_RE = re.compile(r"[\w./+@$-]+")
+_DEF_KEYWORDS = tuple(
+    f"{k} "
+    for k in (
+        "def", "class", "function", "func", "fn", "struct", "interface", "enum", "trait", "type", "module", "const",
+        "let", "var", "val", "impl",
+    )
+)  # fmt: skip
+_IDENT_AT = re.compile(r"\s*(?:\([^)\n]*\)\s*)?([A-Za-z_][A-Za-z0-9_]*)")
+_NODE_ID_RE = re.compile(r"([\w./-]+\.py)::([\w\[\]:.,-]+)")
+_GO_FAIL_RE = re.compile(r"--- FAIL: (\w+)")
+_TEST_WORD_RE = re.compile(r"\b(test_\w+|Test[A-Z]\w*)")
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_TEST_ID_RE = re.compile(r"([\w./-]+\.py)::([\w\[\]:.,-]+)|--- FAIL: (\w+)|\b(test_\w+|Test[A-Z]\w*)\b")
 _STOP_SYMBOLS = {
     "self",
     "None",
@@ -207,8 +215,47 @@ class _Artifacts:
             self.intro_bare.add(base)
 
 
+def _defined_symbols(text: str) -> set[str]:
+    """Names defined in shown code (`def x`, `class X`, `func (r T) X`, `const x` …); str.find keeps this linear."""
+    out: set[str] = set()
+    for kw in _DEF_KEYWORDS:
+        i = text.find(kw)
+        while i != -1:
+            if i == 0 or not (text[i - 1].isalnum() or text[i - 1] == "_"):
+                m = _IDENT_AT.match(text, i + len(kw))
+                if m:
+                    out.add(m.group(1))
+            i = text.find(kw, i + len(kw))
+    return out
+
+
+def _test_names(text: str) -> set[str]:
+    """Test names a tool result introduced (pytest node ids, Go failures, test_* / Test* identifiers)."""
+    out: set[str] = set()
+    if "::" in text:
+        out.update(m.group(2).split("::")[-1].split("[")[0] for m in _NODE_ID_RE.finditer(text))
+    if "--- FAIL" in text:
+        out.update(_GO_FAIL_RE.findall(text))
+    if "test_" in text or "Test" in text:
+        out.update(_TEST_WORD_RE.findall(text))
+    return out
+
+
 def _paths_in(text: str) -> list[str]:
-    return [m.group(1) for m in _PATH_RE.finditer(text)] + [m.group(1) for m in _SPECIAL_FILES.finditer(text)]
+    """File paths mentioned in `text`: tokens whose last component has a known extension or a special name."""
+    out = []
+    for tok in _TOKEN_RE.findall(text):
+        if "." not in tok and "/" not in tok:
+            continue
+        tok = tok.rstrip(".")
+        base = tok.rsplit("/", 1)[-1]
+        if base in _SPECIAL_NAMES:
+            out.append(tok)
+            continue
+        stem, dot, ext = base.rpartition(".")
+        if dot and stem and ext.lower() in _EXTS and "@" not in tok and "$" not in tok and "//" not in tok:
+            out.append(tok)
+    return out
 
 
 def _artifacts(call: Call, label: RoleLabel, cfg: GraphConfig) -> _Artifacts:
@@ -223,14 +270,9 @@ def _artifacts(call: Call, label: RoleLabel, cfg: GraphConfig) -> _Artifacts:
                 for p in info.paths_read | info.paths_written:
                     a.add_intro_path(p)
     if "symbol" in kinds:
-        a.intro_syms = {
-            m.group(1) for m in _DEF_RE.finditer(obs) if len(m.group(1)) >= cfg.min_symbol_len
-        } - _STOP_SYMBOLS
+        a.intro_syms = {x for x in _defined_symbols(obs) if len(x) >= cfg.min_symbol_len} - _STOP_SYMBOLS
     if "test" in kinds:
-        for m in _TEST_ID_RE.finditer(obs):
-            name = m.group(2) or m.group(3) or m.group(4)
-            if name:
-                a.intro_tests.add(name.split("::")[-1].split("[")[0])
+        a.intro_tests = _test_names(obs)
     action = call.action_text()
     refs = set(_paths_in(action))
     for info in label.actions:

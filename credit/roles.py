@@ -158,30 +158,54 @@ _NAME_HINTS: list[tuple[re.Pattern[str], str]] = [
 ]
 
 _TEST_OUTPUT = re.compile(
-    r"(?:^|\n)=+ .*\b(?:passed|failed|errors?)\b.* in [\d.]+s|(?:^|\n)(?:FAILED|PASSED|ERROR) [\w/.-]+::|"
-    r"(?:^|\n)Ran \d+ tests? in [\d.]+s|(?:^|\n)--- (?:FAIL|PASS): |(?:^|\n)(?:ok|FAIL)\s+\S+\s+[\d.]+s|"
-    r"test result: (?:ok|FAILED)\.|\bTests?:\s+\d+ (?:passed|failed)|\b\d+ (?:passed|failed)(?:,| in )|"
-    r"tests finished: \d+ passed|Test Files\s+\d+|(?:^|\n)collected \d+ items?",
-    re.I,
+    r"^=+ .*\b(?:passed|failed|errors?)\b.* in [\d.]+s|^(?:FAILED|PASSED|ERROR) [\w/.-]+::|^Ran \d+ tests? in [\d.]+s|"
+    r"^--- (?:FAIL|PASS): |^(?:ok|FAIL)\s+\S+\s+[\d.]+s|test result: (?:ok|FAILED)\.|\bTests?:\s+\d+ (?:passed|failed)|"
+    r"\b\d+ (?:passed|failed)(?:,| in )|tests finished: \d+ passed|Test Files\s+\d+|^collected \d+ items?",
+    re.M,
 )
 _TEST_FAIL = re.compile(
-    r"\b\d+ failed\b|(?:^|\n)FAILED\b|--- FAIL:|(?:^|\n)FAIL\s|test result: FAILED|FAILED \((?:failures|errors)=|"
-    r"Tests?:\s+\d+ failed|\d+ errors? in [\d.]+s|(?:^|\n)E\s+\w*Error|✕|AssertionError|exit (?:code|status):? ?[1-9]",
-    re.I,
+    r"\b\d+ failed\b|^FAILED\b|--- FAIL:|^FAIL\s|test result: FAILED|FAILED \((?:failures|errors)=|"
+    r"Tests?:\s+\d+ failed|\d+ errors? in [\d.]+s|^E\s+\w*Error|✕|AssertionError|[Ee]xit (?:code|status):? ?[1-9]",
+    re.M,
 )
 _TEST_PASS = re.compile(
-    r"\b\d+ passed\b(?!.*\bfailed)|(?:^|\n)OK(?: \(|\s*$)|test result: ok\.|(?:^|\n)ok\s+\S+\s+[\d.]+s|"
+    r"\b\d+ passed\b(?!.*\bfailed)|^OK(?: \(|\s*$)|test result: ok\.|^ok\s+\S+\s+[\d.]+s|"
     r"Tests?:\s+\d+ passed, \d+ total|tests finished: \d+ passed, in|✓",
-    re.I,
+    re.M,
 )
 _EDIT_CONFIRM = re.compile(
-    r"has been (?:updated|edited|modified|created|written)|Successfully (?:modified|created|wrote|replaced|"
+    r"has been (?:updated|edited|modified|created|written)|[Ss]uccessfully (?:modified|created|wrote|replaced|"
     r"written|applied|updated)|File created successfully|Updated the following files|Applied \d+ edits?|"
-    r"Patch applied|patching file |\bwrote \d+ bytes\b",
-    re.I,
+    r"Patch applied|patching file |\b[Ww]rote \d+ bytes\b"
 )
-_DIFF = re.compile(r"(?:^|\n)(?:diff --git |@@ -\d+|\+\+\+ b/)")
-_NUMBERED = re.compile(r"(?:^|\n)\s*\d+[\t→│|:] ?")
+# cheap pre-checks: a regex runs only when one of its literal keywords occurs in the text
+_TEST_KEYS = (
+    "passed",
+    "failed",
+    "FAILED",
+    "PASSED",
+    "ERROR",
+    "Ran ",
+    "--- ",
+    "ok ",
+    "FAIL",
+    "test result",
+    "Test",
+    "collected",
+    "tests finished",
+)
+_EDIT_KEYS = (
+    "has been",
+    "uccessfully",
+    "File created",
+    "Updated the",
+    "Applied",
+    "Patch applied",
+    "patching",
+    "rote ",
+)
+_DIFF = re.compile(r"^(?:diff --git |@@ -\d+|\+\+\+ b/)", re.M)
+_NUMBERED = re.compile(r"^\s*\d+[\t→│|:]", re.M)
 
 
 def tool_table(harness: str | None, overrides: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, str]:
@@ -202,15 +226,15 @@ def observation_signals(text: str | None) -> set[str]:
     if not text:
         return set()
     out = set()
-    if _TEST_OUTPUT.search(text):
+    if any(k in text for k in _TEST_KEYS) and _TEST_OUTPUT.search(text):
         out.add("test_output")
         if _TEST_FAIL.search(text):
             out.add("test_failed")
         elif _TEST_PASS.search(text):
             out.add("test_passed")
-    if _EDIT_CONFIRM.search(text):
+    if any(k in text for k in _EDIT_KEYS) and _EDIT_CONFIRM.search(text):
         out.add("edit_confirm")
-    if _DIFF.search(text):
+    if ("@@" in text or "diff --git" in text or "+++" in text) and _DIFF.search(text):
         out.add("diff")
     if len(_NUMBERED.findall(text[:4000])) >= 2:
         out.add("file_content")
