@@ -35,6 +35,7 @@ class FakeBehaviour:
     n_gen: int = 64
     text: str | None = None  # default: a word per generated token
     fail_status: int | None = None  # answer every call with this HTTP error
+    fail_message: str = "fake upstream failure"
     cut_after_chunks: int | None = None  # streaming: drop the connection after this many chunks
     delay_s: float = 0.0  # before answering
     chunk_delay_s: float = 0.0  # streaming: pause between chunks
@@ -121,7 +122,13 @@ class FakeUpstream:
             await asyncio.sleep(self.behaviour.delay_s)
         if self.behaviour.fail_status:
             return web.json_response(
-                {"error": {"message": "fake upstream failure", "type": "InternalServerError", "code": 500}},
+                {
+                    "error": {
+                        "message": self.behaviour.fail_message,
+                        "type": "Error",
+                        "code": self.behaviour.fail_status,
+                    }
+                },
                 status=self.behaviour.fail_status,
             )
         return body  # type: ignore[no-any-return]

@@ -303,7 +303,10 @@ def test_a_failed_main_call_keeps_its_plan_step_for_the_retry(fake_upstream, mak
     assert _oa(h, s.api_key).chat.completions.create(model="m", messages=MSG).choices[0].message.content == "FIRST"
     assert _oa(h, s.api_key).chat.completions.create(model="m", messages=MSG).choices[0].message.content == "SECOND"
     assert [(r.origin, r.error is None) for r in h.records(s.session_id)] == [
-        ("forced", False), ("forced", True), ("forced", True)]
+        ("forced", False),
+        ("forced", True),
+        ("forced", True),
+    ]
 
 
 def test_a_crashing_classifier_falls_back_to_main(fake_upstream, make_proxy):
@@ -315,3 +318,25 @@ def test_a_crashing_classifier_falls_back_to_main(fake_upstream, make_proxy):
     s = h.session(classifier=broken)
     assert _oa(h, s.api_key).chat.completions.create(model="m", messages=MSG).choices
     assert h.records(s.session_id)[0].call_kind == "main"
+
+
+def test_context_overflow_keeps_each_providers_own_code(fake_upstream, make_proxy):
+    fake = fake_upstream(
+        fail_status=400,
+        fail_message="This model's maximum context length is 40960 tokens. However, you requested 51234 tokens.",
+    )
+    h = make_proxy([fake.base_url])
+    s = h.session()
+    with pytest.raises(openai.BadRequestError) as e1:
+        _oa(h, s.api_key).chat.completions.create(model="m", messages=MSG)
+    assert e1.value.code == "context_length_exceeded"
+    with pytest.raises(anthropic.BadRequestError) as e2:
+        anthropic.Anthropic(base_url=h.base_url, api_key=s.api_key, max_retries=0).messages.create(
+            model="c", max_tokens=8, messages=MSG
+        )
+    assert e2.value.body["error"]["type"] == "invalid_request_error"
+    g = genai.Client(api_key=s.api_key, http_options=gtypes.HttpOptions(base_url=h.base_url, api_version="v1beta"))
+    with pytest.raises(genai.errors.ClientError) as e3:
+        g.models.generate_content(model="gemini-x", contents="hi")
+    assert e3.value.code == 400 and e3.value.status == "INVALID_ARGUMENT"
+    assert {r.error["kind"] for r in h.records(s.session_id)} == {"context_length_exceeded"}
