@@ -5,9 +5,11 @@ Writes `~/.claude/settings.json` (permissions bypassed, no co-author line), `~/.
 MCP servers in Claude's user-scope `mcpServers` schema) and `~/.claude/skills/<name>/SKILL.md`. Every model
 alias (opus/sonnet/haiku and the subagent model) is pointed at the session's model so all calls hit the proxy.
 
-Classification: requests without tools are side calls (titles, topic checks, summaries); a request whose tools
-include the subagent spawner (`Agent`, formerly `Task`) is the main agent; one with tools but no spawner, or
-with a subagent system prompt, is a subagent (subagents cannot spawn subagents).
+Classification: requests without tools are side calls (titles, topic checks, summaries); a built-in subagent's
+system prompt ("You are an agent for Claude Code…", "…specialist for Claude Code") marks a subagent; the main
+agent's prompt ("You are an interactive agent…") or a tool list with the subagent spawner (`Agent`, formerly
+`Task`) marks the main agent; any other tool-using request is a subagent. (Claude Code also sends an
+`x-claude-code-parent-agent-id` header on subagent requests; the proxy hands classifiers the body only.)
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from .base import HarnessAdapter, HarnessContext, Role, system_text, tool_names
 SUBAGENT_TOOLS = frozenset({"Agent", "Task"})
 # opening lines of the built-in subagents' system prompts (general-purpose, Explore, Plan)
 SUBAGENT_MARKERS = ("You are an agent for Claude Code", "specialist for Claude Code")
+MAIN_MARKER = "You are an interactive agent that helps users"
 
 
 class ClaudeCodeAdapter(HarnessAdapter):
@@ -106,6 +109,8 @@ class ClaudeCodeAdapter(HarnessAdapter):
         system = system_text(request)
         if any(m in system for m in SUBAGENT_MARKERS):
             return CallKind.SUBAGENT
+        if MAIN_MARKER in system:
+            return CallKind.MAIN
         return CallKind.MAIN if tools & SUBAGENT_TOOLS else CallKind.SUBAGENT
 
     def shell_arguments(self, command: str) -> dict[str, Any]:

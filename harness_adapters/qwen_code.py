@@ -37,6 +37,7 @@ class QwenCodeAdapter(HarnessAdapter):
     edit_tool = "edit"
     write_tool = "write_file"
     read_tool = "read_file"
+    read_before_edit = True  # edit refuses a file this session has not read
     role_hints: ClassVar[Mapping[str, Role]] = {
         "read_file": "IG",
         "list_directory": "IG",

@@ -58,6 +58,12 @@ class Relay:
         self.trace.flush()
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            await self._handle(reader, writer)
+        except asyncio.CancelledError:  # the command exited while a connection was still open
+            writer.close()
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.count += 1
         cid = self.count
         peer = writer.get_extra_info("peername")

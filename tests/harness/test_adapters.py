@@ -118,8 +118,8 @@ def test_plan_steps_resolve_to_native_tool_calls(name: str) -> None:
         assert edit["arguments"][path_key] == "/sandbox/work/notes.txt"
     else:
         assert "/sandbox/work/notes.txt" in next(iter(edit["arguments"].values()))
-    if name in ("claude_code", "opencode"):  # these refuse to edit a file the session has not read
-        assert len(steps) == 4 and steps[1]["tool"] in ("Read", "read")
+    if name in ("claude_code", "opencode", "qwen_code"):  # these refuse to edit a file the session has not read
+        assert len(steps) == 4 and steps[1]["tool"] in ("Read", "read", "read_file")
 
 
 def test_codex_patch_grammar() -> None:
@@ -187,6 +187,10 @@ def test_claude_code_classification() -> None:
     assert c(_req(sub_sys, ("Bash", "Read"))) == CallKind.SUBAGENT
     assert c(_req("You are a file search specialist for Claude Code", ("Read", "Agent"))) == CallKind.SUBAGENT
     assert c(_req(main_sys, ("Bash", "Read"))) == CallKind.SUBAGENT
+    sdk = (
+        "You are a Claude agent, built on Anthropic's Claude Agent SDK.\nYou are an interactive agent that helps users"
+    )
+    assert c(_req(sdk, ("Bash", "Read"))) == CallKind.MAIN  # what 2.1.197 sends in -p mode
 
 
 def test_gemini_classification() -> None:
