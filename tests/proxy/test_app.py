@@ -340,3 +340,31 @@ def test_context_overflow_keeps_each_providers_own_code(fake_upstream, make_prox
         g.models.generate_content(model="gemini-x", contents="hi")
     assert e3.value.code == 400 and e3.value.status == "INVALID_ARGUMENT"
     assert {r.error["kind"] for r in h.records(s.session_id)} == {"context_length_exceeded"}
+
+
+def test_client_leaving_mid_stream_is_a_failure_record(fake_upstream, make_proxy):
+    import http.client
+    import json as _json
+
+    fake = fake_upstream(chunk_delay_s=0.1)
+    h = make_proxy([fake.base_url])
+    s = h.session()
+    conn = http.client.HTTPConnection("127.0.0.1", h.port, timeout=30)
+    body = _json.dumps({"model": "m", "messages": MSG, "stream": True})
+    conn.request(
+        "POST",
+        "/v1/chat/completions",
+        body=body,
+        headers={"Authorization": f"Bearer {s.api_key}", "Content-Type": "application/json"},
+    )
+    resp = conn.getresponse()
+    assert resp.status == 200
+    assert b"data:" in resp.read1(200)
+    conn.sock.close()  # the harness goes away mid-stream
+    conn.close()
+    deadline = time.time() + 20
+    while time.time() < deadline and not h.records(s.session_id):
+        time.sleep(0.1)
+    (rec,) = h.records(s.session_id)
+    assert rec.error is not None and rec.error["type"] == "client_disconnected"
+    assert rec.generation_token_ids == []
