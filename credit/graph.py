@@ -172,6 +172,24 @@ class CallGraph:
     def index_of(self) -> dict[str, int]:
         return {n.record_id: n.index for n in self.nodes}
 
+    def polar_calls(self, chain_kinds: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+        """NEMO.md's `polar_calls`: per call `{call_index, record_id, role, evidence, parents, chain_kind}`."""
+        parents: dict[int, list[int]] = {}
+        for e in self.edges:
+            parents.setdefault(e.dst, []).append(e.src)
+        kinds = chain_kinds or {}
+        return [
+            {
+                "call_index": n.index,
+                "record_id": n.record_id,
+                "role": n.role,
+                "evidence": list(n.evidence),
+                "parents": sorted(parents.get(n.index, [])),
+                "chain_kind": kinds.get(n.record_id, n.call_kind),
+            }
+            for n in self.nodes
+        ]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "session_id": self.session_id,

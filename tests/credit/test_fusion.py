@@ -99,3 +99,34 @@ def test_masked_tokens_are_always_zero(
     mask, spans, credit, adv = row
     out = fuse_row(mask, spans, credit, adv, alpha)
     assert torch.count_nonzero(out[mask == 0]) == 0
+
+
+def test_with_the_real_trajectory_builders() -> None:
+    from nemo_polar.trajectory import build
+
+    recs = make_session(bugfix_steps(), gen_len=[3, 4, 5, 6, 7, 3, 4, 5, 2])
+    g = annotate(recs, harness="claude_code")
+    a = assign([g, g], [1.0, 0.0])[0]
+    cfg = CallCreditConfig(fusion=FusionConfig(alpha=0.0))
+    per_call: dict[str, list[torch.Tensor]] = {}
+    for builder in ("per_request", "prefix_merging"):
+        traj = build(recs, builder=builder, reward=1.0)
+        assert annotate(traj, records=recs, harness="claude_code").roles() == g.roles()
+        advs = token_advantages(traj, g, a, cfg)
+        for tr, adv in zip(traj.traces, advs, strict=True):
+            assert adv.shape == (len(tr.response_ids),)
+            for rid, s, e in tr.call_spans:
+                per_call.setdefault(rid, []).append(adv[s:e])
+    assert len(per_call) == len(recs)
+    for k, r in enumerate(recs):
+        pr, pm = per_call[r.id]
+        assert_close(pr, pm)
+        assert_close(pr, torch.full_like(pr, float(a.credit[k])))
+
+
+def test_polar_calls_shape() -> None:
+    g = annotate(make_session(bugfix_steps()), harness="claude_code")
+    calls = g.polar_calls()
+    assert [c["call_index"] for c in calls] == list(range(len(g)))
+    assert set(calls[0]) == {"call_index", "record_id", "role", "evidence", "parents", "chain_kind"}
+    assert calls[4]["parents"] == g.parents(4) and calls[4]["chain_kind"] == "main"
