@@ -1,0 +1,63 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`polar session run`: one harness session through an embedded proxy, written to a run directory.
+
+    polar session run --harness pi --workdir DIR --instruction "…" --upstream http://127.0.0.1:8000 \\
+        [--plan plan.json] [--out DIR] [--model NAME] [--builder prefix_merging] [--timeout-s 1800]
+
+The lead registers this module (`nemo_polar.runtime.cli`) in `nemo_polar/cli.py`'s `_SUBSYSTEMS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+from nemo_polar.harness_adapters import BUILTIN
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from nemo_polar.runtime.session import run_session
+
+    plan = json.loads(Path(args.plan).read_text()) if args.plan else None
+    out = Path(args.out) if args.out else Path("runs") / f"session-{args.harness}"
+    if out.exists() and any(out.iterdir()):
+        print(f"--out {out} exists and is not empty", file=sys.stderr)
+        return 2
+    out.mkdir(parents=True, exist_ok=True)
+    run = asyncio.run(
+        run_session(
+            harness=args.harness,
+            workdir=Path(args.workdir),
+            instruction=args.instruction,
+            upstream=args.upstream,
+            out=out,
+            plan=plan,
+            model=args.model,
+            builder=args.builder,
+            timeout_s=args.timeout_s,
+            provider_api=args.provider_api,
+        )
+    )
+    print(json.dumps({"out": str(run.out), "exit_code": run.exit_code, "records": run.records,
+                      "call_kinds": run.call_kinds, "chains": run.chains}))  # fmt: skip
+    return 0 if run.exit_code == 0 else 1
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("session", help="run one harness session through an embedded proxy")
+    sub = parser.add_subparsers(dest="session_command", metavar="ACTION", required=True)
+    p = sub.add_parser("run", help="run a harness CLI on one instruction; write records and the trajectory")
+    p.add_argument("--harness", required=True, help=f"one of {', '.join(BUILTIN)}, or a dotted path")
+    p.add_argument("--workdir", required=True, help="the directory the CLI works in (bind-mounted read-write)")
+    p.add_argument("--instruction", required=True)
+    p.add_argument("--upstream", required=True, help="the inference server (vLLM), e.g. http://127.0.0.1:8000")
+    p.add_argument("--plan", help="a plan JSON file (DESIGN §3); harness-neutral steps are resolved per CLI")
+    p.add_argument("--out", help="run directory (default runs/session-<harness>)")
+    p.add_argument("--model", default="polar", help="the model name the CLI asks for (mapped to the served one)")
+    p.add_argument("--builder", default="prefix_merging")
+    p.add_argument("--provider-api", help="pi/opencode: which provider API the CLI speaks")
+    p.add_argument("--timeout-s", type=float, default=1800.0)
+    p.set_defaults(func=_cmd_run)

@@ -1,0 +1,129 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One harness session through an embedded proxy, written as a run directory (DESIGN §3).
+
+`run_session` starts the proxy on loopback in front of `upstream` (its store is the run directory's
+`records.sqlite`), creates a session whose plan (harness-neutral steps resolved through the adapter) and request
+classifier come from the harness adapter, runs the CLI in the bubblewrap sandbox, then builds the trajectory and
+writes `trajectories.jsonl`, `summary.json` and `sessions/<session_id>/` (harness stdout/stderr, the connect
+trace, the workdir diff when the workdir is a git repository). It does not evaluate or assign credit.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from nemo_polar.harness_adapters import HarnessAdapter, get_adapter, resolve_plan
+from nemo_polar.proxy.app import Proxy, ProxyConfig
+from nemo_polar.runtime.harness import make_context, run_harness
+from nemo_polar.trajectory.export import traces_to_jsonl
+from nemo_polar.trajectory.registry import build
+
+__all__ = ["SessionRun", "run_session"]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRun:
+    session_id: str
+    exit_code: int | None
+    timed_out: bool
+    records: int
+    call_kinds: dict[str, int]
+    chains: dict[str, int]
+    destinations: list[str]
+    out: Path
+
+
+def _git_diff(workdir: Path) -> str | None:
+    if not (workdir / ".git").exists():
+        return None
+    proc = subprocess.run(
+        ["git", "-C", str(workdir), "diff", "HEAD"], capture_output=True, text=True, timeout=60, check=False
+    )
+    return proc.stdout if proc.returncode == 0 else None
+
+
+async def run_session(
+    *,
+    harness: str | HarnessAdapter,
+    workdir: Path,
+    instruction: str,
+    upstream: str,
+    out: Path,
+    plan: dict[str, Any] | None = None,
+    model: str = "polar",
+    served_model: str | None = None,
+    builder: str = "prefix_merging",
+    timeout_s: float = 1800.0,
+    provider_api: str | None = None,
+) -> SessionRun:
+    adapter = get_adapter(harness) if isinstance(harness, str) else harness
+    out = out.resolve()
+    workdir = workdir.resolve()
+    session_id = uuid.uuid4().hex
+    sdir = out / "sessions" / session_id
+    home = sdir / "home"
+    home.mkdir(parents=True)
+    proxy = Proxy(ProxyConfig(upstreams=[upstream], store_dir=str(out), served_model=served_model))
+    runner = web.AppRunner(proxy.make_app(), access_log=None)
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        proxy.base_url = f"http://127.0.0.1:{port}"
+        ctx_args: dict[str, Any] = {"model": model, "workdir": workdir, "home": home, "provider_api": provider_api}
+        probe = make_context(adapter, base_url=proxy.base_url, api_key="-", **ctx_args)
+        resolved = resolve_plan(plan, adapter, probe) if plan else None
+        session = await proxy.create_session(
+            session_id=session_id, plan=resolved, classifier=adapter.classify_request, metadata={"harness": adapter.name}
+        )
+        ctx = make_context(adapter, base_url=proxy.base_url, api_key=session.api_key, **ctx_args)
+        started = time.time()
+        result = await run_harness(adapter, ctx, instruction, timeout_s=timeout_s, out_dir=sdir)
+        duration_s = time.time() - started
+        records = sorted(proxy.store.list_records(session_id, limit=1_000_000), key=lambda r: r.seq)
+    finally:
+        await runner.cleanup()
+    trajectory = build(records, builder=builder)
+    (out / "trajectories.jsonl").write_bytes(traces_to_jsonl(trajectory))
+    (sdir / "connect.jsonl").write_text("".join(json.dumps(e) + "\n" for e in result.connections))
+    diff = _git_diff(workdir)
+    if diff is not None:
+        (sdir / "workdir.diff").write_text(diff)
+    run = SessionRun(
+        session_id=session_id,
+        exit_code=result.exit_code,
+        timed_out=result.timed_out,
+        records=len(records),
+        call_kinds=dict(Counter(r.call_kind for r in records)),
+        chains=dict(Counter(str(t.chain_kind) for t in trajectory.traces)),
+        destinations=sorted(result.destinations),
+        out=out,
+    )
+    summary = {
+        "harness": adapter.name,
+        "version": adapter.version,
+        "session_id": session_id,
+        "instruction": instruction,
+        "upstream": upstream,
+        "exit_code": run.exit_code,
+        "timed_out": run.timed_out,
+        "duration_s": round(duration_s, 3),
+        "records": run.records,
+        "call_kinds": run.call_kinds,
+        "chains": run.chains,
+        "builder": builder,
+        "status": trajectory.status,
+        "connect_destinations": run.destinations,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return run
