@@ -339,6 +339,19 @@ def prefixed_id(raw: str, prefix: str) -> str:
     return raw if raw.startswith(prefix) else prefix + raw
 
 
+class UniqueIds:
+    """Tool-call ids for one reply: an engine id as given, a fresh `<prefix>…` id when it is empty or repeated."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self.used: set[str] = set()
+
+    def take(self, raw: str) -> str:
+        cid = raw if raw and raw not in self.used else new_id(self.prefix)
+        self.used.add(cid)
+        return cid
+
+
 def now_s() -> int:
     return int(time.time())
 

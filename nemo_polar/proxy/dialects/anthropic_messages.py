@@ -10,11 +10,13 @@ message_stop). Does no I/O, knows no engine; token ids and logprobs never appear
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from nemo_polar.proxy.dialects._common import (
     CallIds,
     Catchup,
+    UniqueIds,
     arguments_object,
     as_dict,
     assistant_message,
@@ -309,8 +311,8 @@ def _thinking(d: dict[str, Any], extra: dict[str, Any]) -> bool | None:
 # ---------------------------------------------------------------------------------------- render response
 
 
-def tool_use_id(raw: str) -> str:
-    return prefixed_id(raw, "toolu_")
+def tool_use_id(raw: str, ids: UniqueIds) -> str:
+    return ids.take(prefixed_id(raw, "toolu_") if raw else "")
 
 
 def stop_reason(result: ChatResult) -> str:
@@ -338,9 +340,15 @@ def render_response(result: ChatResult, req: ChatRequest) -> dict[str, Any]:
         content.append({"type": "thinking", "thinking": result.reasoning, "signature": THINKING_SIGNATURE})
     if result.content or not result.tool_calls:
         content.append({"type": "text", "text": result.content})
+    ids = UniqueIds("toolu_")
     for tc in result.tool_calls:
         content.append(
-            {"type": "tool_use", "id": tool_use_id(tc.id), "name": tc.name, "input": arguments_object(tc.arguments)}
+            {
+                "type": "tool_use",
+                "id": tool_use_id(tc.id, ids),
+                "name": tc.name,
+                "input": arguments_object(tc.arguments),
+            }
         )
     return {
         "id": prefixed_id(result.response_id, "msg_"),
@@ -358,7 +366,8 @@ def render_response(result: ChatResult, req: ChatRequest) -> dict[str, Any]:
 
 
 class StreamRenderer:
-    """Messages SSE for one streaming reply; blocks open one at a time, in the order the engine produced them."""
+    """Messages SSE for one streaming reply: thinking and text blocks stream live, one open at a time; tool_use
+    blocks follow whole at `finish`."""
 
     def __init__(self, req: ChatRequest, response_id: str):
         self.req = req
@@ -366,8 +375,8 @@ class StreamRenderer:
         self._started = False
         self._next_block = 0
         self._open: tuple[str, int] | None = None  # (kind, block index)
-        self._call_blocks: dict[int, int] = {}
         self._seen = Catchup()
+        self._ids = UniqueIds("toolu_")
 
     def _start(self) -> list[bytes]:
         if self._started:
@@ -436,19 +445,15 @@ class StreamRenderer:
             frames.append(self._delta(self._open[1], {"type": "text_delta", "text": text}))
         return frames
 
-    def _call(self, index: int, call_id: str, name: str) -> list[bytes]:
-        block = {"type": "tool_use", "id": tool_use_id(call_id), "name": name, "input": {}}
+    def _tool_block(self, call_id: str, name: str, arguments: str) -> list[bytes]:
+        """One whole tool_use block; its input goes out as one input_json_delta of canonical object JSON."""
+        block = {"type": "tool_use", "id": tool_use_id(call_id, self._ids), "name": name, "input": {}}
         frames = self._open_block("tool_use", block)
-        self._call_blocks[index] = self._next_block - 1
-        self._seen.calls[index] = [call_id, name, ""]
+        obj = arguments_object(arguments)
+        if obj:
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(obj, ensure_ascii=False)}
+            frames.append(self._delta(self._next_block - 1, delta))
         return frames
-
-    def _args(self, index: int, text: str) -> list[bytes]:
-        blk = self._call_blocks.get(index)
-        if blk is None or not text:
-            return []
-        self._seen.calls[index][2] += text
-        return [self._delta(blk, {"type": "input_json_delta", "partial_json": text})]
 
     def feed(self, ev: StreamEvent) -> list[bytes]:
         frames = self._start()
@@ -457,22 +462,29 @@ class StreamRenderer:
         elif ev.kind == "reasoning" and ev.text:
             frames += self._text("thinking", ev.text)
         elif ev.kind == "tool_call":
-            frames += self._call(ev.index, ev.id or "", ev.name or "")
-        elif ev.kind == "tool_args":
-            frames += self._args(ev.index, ev.text)
+            frames += self._close()
+            self._seen.calls.setdefault(ev.index, [ev.id or "", ev.name or "", ""])
+        elif ev.kind == "tool_args" and ev.index in self._seen.calls:
+            self._seen.calls[ev.index][2] += ev.text
         return frames
 
     def finish(self, result: ChatResult) -> list[bytes]:
-        """Emit what `result` holds that was not streamed, close the open block, then message_delta/stop."""
+        """Emit what `result` holds that was not streamed, then the tool_use blocks, message_delta, message_stop.
+
+        Tool calls go out whole at the end, from `result` (the engine's parsed calls; the streamed pieces only when
+        `result` has none): a model's malformed argument JSON then becomes `{}` exactly as in `render_response`,
+        instead of a partial_json stream no client can parse.
+        """
         frames = self._start()
         if rest := self._seen.missing_reasoning(result.reasoning):
             frames += self._text("thinking", rest)
         if rest := self._seen.missing_text(result.content):
             frames += self._text("text", rest)
-        for i, tc, rest in self._seen.missing_calls(result):
-            if i not in self._call_blocks:
-                frames += self._call(i, tc.id, tc.name)
-            frames += self._args(i, rest)
+        calls = [(t.id, t.name, t.arguments) for t in result.tool_calls]
+        if not calls:
+            calls = [(c[0], c[1], c[2]) for _, c in sorted(self._seen.calls.items())]
+        for call_id, name, arguments in calls:
+            frames += self._tool_block(call_id, name, arguments)
         if self._next_block == 0:
             frames += self._open_block("text", {"type": "text", "text": ""})
         frames += self._close()

@@ -22,6 +22,7 @@ from typing import Any
 from nemo_polar.proxy.dialects._common import (
     CallIds,
     Catchup,
+    UniqueIds,
     arguments_object,
     as_dict,
     assistant_message,
@@ -395,7 +396,8 @@ def render_response(result: ChatResult, req: ChatRequest) -> dict[str, Any]:
         parts.append({"text": result.reasoning, "thought": True})
     if result.content:
         parts.append({"text": result.content})
-    parts.extend(_call_part(t.id, t.name, t.arguments) for t in result.tool_calls)
+    ids = UniqueIds("call_")
+    parts.extend(_call_part(ids.take(t.id), t.name, t.arguments) for t in result.tool_calls)
     if not parts:
         parts.append({"text": ""})
     return _chunk(parts, req, result.response_id or new_id(""), result)
@@ -418,6 +420,7 @@ class StreamRenderer:
         self._count = 0
         self._pending: list[int] = []  # tool indices started but not yet sent
         self._seen = Catchup()
+        self._ids = UniqueIds("call_")
 
     def _frame(self, body: dict[str, Any]) -> bytes:
         data = dumps(body)
@@ -427,7 +430,10 @@ class StreamRenderer:
         return (b"[" if self._count == 1 else b",\r\n") + data
 
     def _flush_calls(self) -> list[dict[str, Any]]:
-        parts = [_call_part(*self._seen.calls[i]) for i in self._pending]
+        parts = []
+        for i in self._pending:
+            cid, name, args = self._seen.calls[i]
+            parts.append(_call_part(self._ids.take(cid), name, args))
         self._pending = []
         return parts
 
@@ -439,7 +445,7 @@ class StreamRenderer:
             self._seen.reasoning += ev.text
             parts = [*self._flush_calls(), {"text": ev.text, "thought": True}]
             return [self._frame(_chunk(parts, self.req, self.id, None))]
-        if ev.kind == "tool_call":
+        if ev.kind == "tool_call" and ev.index not in self._seen.calls:
             frames = []
             if self._pending:
                 frames.append(self._frame(_chunk(self._flush_calls(), self.req, self.id, None)))

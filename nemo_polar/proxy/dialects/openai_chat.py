@@ -16,6 +16,7 @@ from typing import Any
 from nemo_polar.proxy.dialects._common import (
     CallIds,
     Catchup,
+    UniqueIds,
     as_dict,
     assistant_message,
     bad,
@@ -27,7 +28,6 @@ from nemo_polar.proxy.dialects._common import (
     function_tool,
     image_part,
     load_body,
-    new_id,
     now_s,
     opt_bool,
     opt_dict,
@@ -265,10 +265,6 @@ def finish_reason(result: ChatResult) -> str:
     return result.finish_reason if result.finish_reason in _FINISH else "stop"
 
 
-def call_id(raw: str) -> str:
-    return raw or new_id("call_")
-
-
 def _usage(result: ChatResult) -> dict[str, Any]:
     return {
         "prompt_tokens": result.prompt_tokens,
@@ -285,8 +281,9 @@ def render_response(result: ChatResult, req: ChatRequest) -> dict[str, Any]:
     if result.reasoning:
         message["reasoning_content"] = result.reasoning
     if result.tool_calls:
+        ids = UniqueIds("call_")
         message["tool_calls"] = [
-            {"id": call_id(t.id), "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
+            {"id": ids.take(t.id), "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
             for t in result.tool_calls
         ]
     return {
@@ -311,6 +308,8 @@ class StreamRenderer:
         self.created = now_s()
         self._started = False
         self._seen = Catchup()
+        self._out_index: dict[int, int] = {}
+        self._ids = UniqueIds("call_")
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         chunk: dict[str, Any] = {
@@ -330,16 +329,21 @@ class StreamRenderer:
         self._started = True
         return [self._chunk({"role": "assistant", "content": ""})]
 
-    def _call(self, index: int, cid: str, name: str) -> bytes:
+    def _call(self, index: int, cid: str, name: str) -> list[bytes]:
+        if index in self._seen.calls:  # an engine re-announcing a call: already started
+            return []
         self._seen.calls[index] = [cid, name, ""]
-        tc = {"index": index, "id": call_id(cid), "type": "function", "function": {"name": name, "arguments": ""}}
-        return self._chunk({"tool_calls": [tc]})
+        # clients keep tool calls in a list indexed by `index`: number them 0, 1, … in order of appearance
+        out = self._out_index.setdefault(index, len(self._out_index))
+        tc = {"index": out, "id": self._ids.take(cid), "type": "function", "function": {"name": name, "arguments": ""}}
+        return [self._chunk({"tool_calls": [tc]})]
 
     def _args(self, index: int, text: str) -> list[bytes]:
         if index not in self._seen.calls or not text:
             return []
         self._seen.calls[index][2] += text
-        return [self._chunk({"tool_calls": [{"index": index, "function": {"arguments": text}}]})]
+        tc = {"index": self._out_index[index], "function": {"arguments": text}}
+        return [self._chunk({"tool_calls": [tc]})]
 
     def feed(self, ev: StreamEvent) -> list[bytes]:
         frames = self._start()
@@ -350,7 +354,7 @@ class StreamRenderer:
             self._seen.reasoning += ev.text
             frames.append(self._chunk({"reasoning_content": ev.text}))
         elif ev.kind == "tool_call":
-            frames.append(self._call(ev.index, ev.id or "", ev.name or ""))
+            frames += self._call(ev.index, ev.id or "", ev.name or "")
         elif ev.kind == "tool_args":
             frames += self._args(ev.index, ev.text)
         return frames
@@ -364,7 +368,7 @@ class StreamRenderer:
             frames.append(self._chunk({"content": rest}))
         for i, tc, rest in self._seen.missing_calls(result):
             if i not in self._seen.calls:
-                frames.append(self._call(i, tc.id, tc.name))
+                frames += self._call(i, tc.id, tc.name)
             frames += self._args(i, rest)
         frames.append(self._chunk({}, finish_reason(result)))
         if self.req.include_usage:

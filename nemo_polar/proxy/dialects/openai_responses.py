@@ -21,6 +21,7 @@ from typing import Any
 from nemo_polar.proxy.dialects._common import (
     CallIds,
     Catchup,
+    UniqueIds,
     as_dict,
     assistant_message,
     bad,
@@ -413,7 +414,7 @@ def _message_item(item_id: str, text: str, status: str = "completed") -> dict[st
 def _call_item(req: ChatRequest, item_id: str, call_id: str, flat: str, arguments: str, status: str) -> dict[str, Any]:
     """A function_call, or a custom_tool_call for a custom tool; namespaced names are split back."""
     entry = req.extra.get("tool_map", {}).get(flat)
-    cid = call_id or new_id("call_")
+    cid = call_id
     if entry is not None and entry["kind"] == "custom":
         parsed = None
         if status == "completed":
@@ -467,8 +468,9 @@ def render_response(result: ChatResult, req: ChatRequest) -> dict[str, Any]:
         output.append(_reasoning_item(new_id("rs_"), result.reasoning))
     if result.content or not result.tool_calls:
         output.append(_message_item(new_id("msg_"), result.content))
+    ids = UniqueIds("call_")
     for tc in result.tool_calls:
-        output.append(_call_item(req, new_id("fc_"), tc.id, tc.name, tc.arguments, "completed"))
+        output.append(_call_item(req, new_id("fc_"), ids.take(tc.id), tc.name, tc.arguments, "completed"))
     status, incomplete = _status(result)
     body = _response(req, prefixed_id(result.response_id, "resp_"), now_s(), status, output)
     body["incomplete_details"] = incomplete
@@ -497,6 +499,7 @@ class StreamRenderer:
         self._open: tuple[str, int, str] | None = None  # (kind, output_index, accumulated text)
         self._calls: dict[int, tuple[int, str, str]] = {}  # tool index → (output_index, item id, call id)
         self._seen = Catchup()
+        self._ids = UniqueIds("call_")
 
     def _ev(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self._seq, **fields}
@@ -612,7 +615,9 @@ class StreamRenderer:
     def _call(self, index: int, call_id: str, name: str) -> list[bytes]:
         frames = self._close()
         idx = len(self._output)
-        cid = call_id or new_id("call_")
+        if index in self._calls:  # an engine re-announcing a call: already started
+            return frames
+        cid = self._ids.take(call_id)
         iid = new_id("ctc_" if self._is_custom(name) else "fc_")
         self._calls[index] = (idx, iid, cid)
         self._seen.calls[index] = [call_id, name, ""]

@@ -31,6 +31,17 @@ def transport(status: int, body: bytes, content_type: str, headers: dict[str, st
     return client
 
 
+class Replay:
+    """One reusable transport whose next answer is set with `.body = …` (SDK clients are costly to build)."""
+
+    def __init__(self) -> None:
+        self.body = b""
+        self.http = httpx2.Client(transport=httpx2.MockTransport(self._handle))
+
+    def _handle(self, request: httpx2.Request) -> httpx2.Response:
+        return httpx2.Response(200, headers={"content-type": "text/event-stream"}, content=self.body)
+
+
 def sse_client(body: bytes) -> httpx2.Client:
     return transport(200, body, "text/event-stream")
 
