@@ -19,7 +19,7 @@ import pytest
 from nemo_polar.harness_adapters import get_adapter
 from nemo_polar.harness_adapters.install import status as install_status
 
-from nemo_polar.rollout import PolarClient
+from nemo_polar.rollout import PolarClient, TaskSpec
 from nemo_polar.rollout.proxylink import HostedProxy
 from nemo_polar.runtime.sandbox import bwrap_available
 from nemo_polar.types import SessionResult
@@ -50,51 +50,57 @@ def upstream(request: pytest.FixtureRequest) -> dict[str, Any]:
     }
 
 
+async def _run_stack(upstream: dict[str, Any], tmp_path: Path, task: TaskSpec) -> list[SessionResult]:
+    """Fake or real upstream → hosted proxy → gateway → rollout server; submit `task`, collect its results."""
+    from nemo_polar.proxy.app import ProxyConfig
+    from nemo_polar.proxy.fake_upstream import FakeUpstream
+
+    fake = None
+    if upstream["kind"] == "fake":
+        fake = await FakeUpstream().start()
+        url, extra, builder_options = fake.base_url, {}, {}
+    else:
+        url = upstream["url"]
+        extra = {"prefix_preserving": "splice", "model_dir": upstream["model_dir"]}
+        builder_options = {"eot_token_ids": upstream["eot"]}
+    proxy = await HostedProxy(
+        ProxyConfig(upstreams=[url], store_dir=str(tmp_path / "proxy"), served_model=upstream["model"], **extra)
+    ).start()
+    runner, server_url, _ = await start_server(tmp_path)
+    gw = await start_gateway(tmp_path, server_url, model=upstream["model"], builder_options=builder_options)
+    gw.work.proxy = proxy
+    try:
+        async with PolarClient(server_url, poll_wait_s=5) as client:
+            await client.submit(task)
+            return await asyncio.wait_for(client.collect(task.task_id), timeout=900)
+    finally:
+        await gw.close()
+        await runner.cleanup()
+        await proxy.stop()
+        if fake is not None:
+            await fake.stop()
+
+
+def _check_installed(harness: str) -> None:
+    if not install_status(get_adapter(harness)).installed:
+        pytest.fail(f"{harness} is not installed: run `polar harness install {harness}` (make test does)")
+
+
 @pytest.mark.parametrize("harness", HARNESSES)
 def test_fix_plan_scores_one_and_noop_zero_with_a_real_harness(
     harness: str, upstream: dict[str, Any], tmp_path: Path
 ) -> None:
-    if not install_status(get_adapter(harness)).installed:
-        pytest.fail(f"{harness} is not installed: run `polar harness install {harness}` (make test does)")
-    from nemo_polar.proxy.app import ProxyConfig
-    from nemo_polar.proxy.fake_upstream import FakeUpstream
-
-    async def main() -> list[SessionResult]:
-        fake = None
-        if upstream["kind"] == "fake":
-            fake = await FakeUpstream().start()
-            url, extra, builder_options = fake.base_url, {}, {}
-        else:
-            url = upstream["url"]
-            extra = {"prefix_preserving": "splice", "model_dir": upstream["model_dir"]}
-            builder_options = {"eot_token_ids": upstream["eot"]}
-        proxy = await HostedProxy(
-            ProxyConfig(upstreams=[url], store_dir=str(tmp_path / "proxy"), served_model=upstream["model"], **extra)
-        ).start()
-        runner, server_url, _ = await start_server(tmp_path)
-        gw = await start_gateway(tmp_path, server_url, model=upstream["model"], builder_options=builder_options)
-        gw.work.proxy = proxy
-        try:
-            task = example_task(
-                "median",
-                task_id=f"e2e-{harness}-{upstream['kind']}",
-                plans=("fix_plan", "noop_plan"),
-                runtime={"isolation": "sandbox", "source": "example:median"},
-                agent={"harness": harness, "timeout_s": 300, "options": {"max_turns": 12}},
-                builder="prefix_merging" if upstream["kind"] == "vllm" else "per_request",
-                timeout_s=600,
-            )
-            async with PolarClient(server_url, poll_wait_s=5) as client:
-                await client.submit(task)
-                return await asyncio.wait_for(client.collect(task.task_id), timeout=900)
-        finally:
-            await gw.close()
-            await runner.cleanup()
-            await proxy.stop()
-            if fake is not None:
-                await fake.stop()
-
-    results = asyncio.run(main())
+    _check_installed(harness)
+    task = example_task(
+        "median",
+        task_id=f"e2e-{harness}-{upstream['kind']}",
+        plans=("fix_plan", "noop_plan"),
+        runtime={"isolation": "sandbox", "source": "example:median"},
+        agent={"harness": harness, "timeout_s": 300, "options": {"max_turns": 12}},
+        builder="prefix_merging" if upstream["kind"] == "vllm" else "per_request",
+        timeout_s=600,
+    )
+    results = asyncio.run(_run_stack(upstream, tmp_path, task))
     by = {r.sample_index: r for r in results}
     assert sorted(by) == [0, 1]
     for r in results:
@@ -106,3 +112,28 @@ def test_fix_plan_scores_one_and_noop_zero_with_a_real_harness(
     if upstream["kind"] == "vllm":
         main_traces = [t for t in by[0].trajectory.traces if t.chain_kind == "main"]
         assert len(main_traces) >= 1 and main_traces[0].reward == 1.0
+
+
+def test_agent_timeout_yields_timeout_and_a_partial_trajectory(upstream: dict[str, Any], tmp_path: Path) -> None:
+    """The agent hangs in its second tool call: the session is cut at its agent budget, the sandbox killed, and
+    POSTRUN still builds a trajectory from the calls made so far."""
+    _check_installed("qwen_code")
+    plan = {"version": 1, "steps": [{"shell": "echo first"}, {"shell": "python3 -c 'import time; time.sleep(600)'"}, {"text": "never reached"}]}
+    task = TaskSpec.model_validate(
+        {
+            "task_id": f"hang-{upstream['kind']}",
+            "instruction": "run the two commands",
+            "runtime": {"isolation": "sandbox", "source": "example:slugify"},
+            "agent": {"harness": "qwen_code", "timeout_s": 40},
+            "builder": "per_request",
+            "evaluator": "session_completed",
+            "plans": [plan],
+            "timeout_s": 600,
+        }
+    )
+    (res,) = asyncio.run(_run_stack(upstream, tmp_path, task))
+    assert res.status == "TIMEOUT" and res.metadata["failure"]["kind"] == "agent_timeout"
+    assert res.trajectory.status == "TIMEOUT"
+    assert len(res.record_ids) >= 2  # the calls before the hang were recorded...
+    assert len(res.trajectory.traces) >= 2  # ...and built (per_request: one trace per call)
+    assert res.eval is not None and res.eval.reward == 0.0
