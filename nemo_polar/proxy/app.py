@@ -154,6 +154,10 @@ class Proxy:
             for mod in self.dialects.values():
                 for method, path, name in mod.ROUTES:
                     r.add_route(method, prefix + path, self._dialect_handler(mod, name))
+                    if path.startswith("/v1beta/"):  # google-genai's default api_version is v1
+                        r.add_route(
+                            method, prefix + "/v1/" + path[len("/v1beta/") :], self._dialect_handler(mod, name)
+                        )
         r.add_post("/sessions", self._create_session)
         r.add_get("/sessions/{session_id}", self._get_session)
         r.add_get("/sessions/{session_id}/records", self._get_records)

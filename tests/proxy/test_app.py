@@ -81,12 +81,14 @@ def test_every_key_form_authenticates_and_unknown_keys_get_401_in_provider_shape
     with pytest.raises(genai.errors.ClientError) as e3:
         g.models.generate_content(model="gemini-x", contents="hi")
     assert e3.value.code == 401
+    g1 = genai.Client(api_key=s.api_key, http_options=gtypes.HttpOptions(base_url=h.base_url))  # default api_version
+    assert g1.models.generate_content(model="gemini-x", contents="hi").text
     status, out = http_json(
         "POST", h.base_url + "/s/polar-unknown/v1/messages", {"model": "x", "max_tokens": 5, "messages": MSG}
     )
     assert status == 401 and out["type"] == "error"
     assert len(h.proxy.sessions.all()) == n_sessions
-    assert len(fake.requests) == 4  # nothing unauthenticated reached the model
+    assert len(fake.requests) == 5  # nothing unauthenticated reached the model
 
 
 def test_sampling_enforcement_overrides_the_harness_and_is_recorded(fake_upstream, make_proxy):
