@@ -6,8 +6,8 @@
 factory), `python -m nemo_polar.credit.nemo_rl.launch --config RECIPE [overrides...]`. Facts about NeMo RL are
 pinned to `NEMO_RL_COMMIT`.
 
-The only package of nemo-polar that imports `nemo_rl`, and only lazily (inside functions): importing this
-package needs neither `nemo_rl` nor `torch`.
+The only package of nemo-polar that imports `nemo_rl`, and only lazily (inside functions): this package's
+own import needs neither `nemo_rl` nor `torch` (the estimator and `install()` load on first use).
 """
 
 from __future__ import annotations

@@ -2,9 +2,11 @@
 """Pause, stamp and resume the Polar gateways around each NeMo RL weight refit.
 
 A refit swaps the weights behind the vLLM servers the Polar proxies forward to. Around it the launcher's patch
-calls, on each gateway's proxy: `POST /admin/pause` (stop admitting new model calls; in-flight calls finish
-on the old weights), then after the update `POST /admin/policy_version` with `{"policy_version": N}` (records
-made from now on carry N) and `POST /admin/resume`. N counts the refits done in this process (the first
+calls, on each gateway's proxy (`nemo_polar.proxy.app` admin API, control token from `POLAR_CONTROL_TOKEN` as
+`Authorization: Bearer`): `POST /admin/pause` with `{"timeout_s": T}` (stop admitting new model calls and wait
+up to T for in-flight calls to finish on the old weights; a pause that did not drain is logged), then after the
+update `POST /admin/policy_version` with `{"policy_version": N}` (records made from now on carry N) and
+`POST /admin/resume`. N counts the refits done in this process (the first
 refit, before step 1, stamps 1). A failed resume is retried and then raised: a gateway left paused would stall
 every rollout.
 
@@ -31,6 +33,7 @@ from .pinned import REFIT_NAME
 log = logging.getLogger(__name__)
 
 _WRAPPED_FLAG = "__polar_refit_wrapped__"
+CONTROL_TOKEN_ENV = "POLAR_CONTROL_TOKEN"
 
 
 class GatewayAdminError(RuntimeError):
@@ -50,9 +53,9 @@ class GatewayAdmin:
         self.timeout_s = timeout_s
         self.attempts = attempts
         self.policy_version = 0
-        self._token = os.environ.get("POLAR_ADMIN_TOKEN")
+        self._token = os.environ.get(CONTROL_TOKEN_ENV)
 
-    def _post(self, base: str, path: str, body: dict[str, Any]) -> None:
+    def _post(self, base: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         url = f"{base}{path}"
         data = json.dumps(body).encode()
         headers = {"Content-Type": "application/json"}
@@ -62,9 +65,15 @@ class GatewayAdmin:
         for attempt in range(self.attempts):
             request = urllib.request.Request(url, data=data, headers=headers, method="POST")
             try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
+                # the pause waits up to timeout_s on the gateway side: give the HTTP call a margin on top
+                with urllib.request.urlopen(request, timeout=self.timeout_s + 10.0) as response:
                     if 200 <= response.status < 300:
-                        return
+                        payload = response.read()
+                        try:
+                            reply = json.loads(payload) if payload else {}
+                        except ValueError:
+                            reply = {}
+                        return reply if isinstance(reply, dict) else {}
                     last = f"HTTP {response.status}"
             except urllib.error.HTTPError as exc:
                 last = f"HTTP {exc.code}: {exc.read()[:200]!r}"
@@ -76,18 +85,22 @@ class GatewayAdmin:
                 time.sleep(min(2.0, 0.2 * 2**attempt) * (0.5 + random.random() / 2))
         raise GatewayAdminError(url, last)
 
-    def _all(self, path: str, body: dict[str, Any]) -> None:
+    def _all(self, path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
         errors = []
+        replies = []
         for base in self.base_urls:
             try:
-                self._post(base, path, body)
+                replies.append(self._post(base, path, body))
             except GatewayAdminError as exc:
                 errors.append(str(exc))
         if errors:
             raise GatewayAdminError(path, "; ".join(errors))
+        return replies
 
     def pause(self) -> None:
-        self._all("/admin/pause", {})
+        for base, reply in zip(self.base_urls, self._all("/admin/pause", {"timeout_s": self.timeout_s}), strict=True):
+            if reply.get("drained") is False:
+                log.warning("Polar gateway %s paused with %s call(s) still in flight", base, reply.get("in_flight"))
 
     def set_policy_version(self, version: int) -> None:
         self._all("/admin/policy_version", {"policy_version": version})

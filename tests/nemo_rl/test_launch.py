@@ -9,12 +9,14 @@ where `nemo_rl` is importable.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import shlex
 import subprocess
 import sys
 import threading
+import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -91,15 +93,29 @@ def test_dry_run_each_recipe(
     assert "dry run: not training" in out.out
 
 
-@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
-def test_header_command_runs_as_a_process(recipe: Path, gym_root: Path, data_file: Path) -> None:
-    """The exact command on each recipe's first line, plus --dry-run and the stand-in, in a fresh interpreter."""
+def _header_command(recipe: Path) -> list[str]:
     command = shlex.split(recipe.read_text().splitlines()[0].lstrip("# "))
     assert command[:3] == ["python", "-m", "nemo_polar.credit.nemo_rl.launch"]
-    argv = [sys.executable, *command[1:], "--dry-run", *STANDIN, f"data.train.data_path={data_file}"]
+    return command
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_header_command_dry_runs(
+    recipe: Path, gym_root: Path, data_file: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The exact arguments on each recipe's first line, plus --dry-run and the stand-in."""
+    monkeypatch.chdir(ROOT)
+    assert run([*_header_command(recipe)[3:], "--dry-run", *STANDIN, f"data.train.data_path={data_file}"]) == 0
+    assert "advantage estimator class:" in capsys.readouterr().out
+
+
+def test_header_command_runs_as_a_process(gym_root: Path, data_file: Path) -> None:
+    """The CALL-CREDIT recipe's command as a fresh process (`python -m …`), as a user types it."""
+    recipe = ROOT / "recipes" / "grpo_polar_swe_qwen3_5_4b_call_credit.yaml"
+    argv = [sys.executable, *_header_command(recipe)[1:], "--dry-run", *STANDIN, f"data.train.data_path={data_file}"]
     proc = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=300, env=dict(os.environ))
     assert proc.returncode == 0, proc.stderr
-    assert "advantage estimator class:" in proc.stdout
+    assert f"advantage estimator class: {OUR_CLASS}" in proc.stdout
 
 
 def test_guard_plugin_not_loaded_means_plain_grpo_and_refuses(
@@ -213,6 +229,7 @@ def test_launch_runs_entry_script_with_refit_hooks_and_patch(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(sys, "argv", list(sys.argv))
+    monkeypatch.delenv("POLAR_CALLS_PATCH", raising=False)  # run() sets it; restored afterwards
     recipe = ROOT / "recipes" / "grpo_polar_swe_smoke.yaml"
     entry = ROOT / "tests" / "nemo_rl" / "standin_run_grpo_nemo_gym.py"
     rc = run(
@@ -233,13 +250,77 @@ def test_launch_runs_entry_script_with_refit_hooks_and_patch(
     assert "standin step 1: CallCreditAdvantageEstimator advantage sum" in out
     assert len(standin_grpo.REFITS) == 2
     assert _FakePolarGateway.calls == [
-        ("/admin/pause", {}),
+        ("/admin/pause", {"timeout_s": 5}),
         ("/admin/policy_version", {"policy_version": 1}),
         ("/admin/resume", {}),
-        ("/admin/pause", {}),
+        ("/admin/pause", {"timeout_s": 5}),
         ("/admin/policy_version", {"policy_version": 2}),
         ("/admin/resume", {}),
     ]
+
+
+@pytest.fixture
+def polar_proxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The real Polar proxy (`nemo_polar.proxy.app`) on loopback, in its own thread and event loop; its upstream is
+    never contacted by the admin calls under test."""
+    from aiohttp import web
+
+    from nemo_polar.proxy.app import Proxy, ProxyConfig
+
+    monkeypatch.setenv("POLAR_CONTROL_TOKEN", "test-control-token")
+    loop = asyncio.new_event_loop()
+    started = threading.Event()
+    state: dict[str, object] = {}
+
+    def serve() -> None:
+        asyncio.set_event_loop(loop)
+        proxy = Proxy(ProxyConfig(upstreams=["http://127.0.0.1:9"], store_dir=str(tmp_path / "store")))
+        runner = web.AppRunner(proxy.make_app())
+        loop.run_until_complete(runner.setup())
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        loop.run_until_complete(site.start())
+        state["port"] = runner.addresses[0][1]
+        started.set()
+        loop.run_forever()
+        loop.run_until_complete(runner.cleanup())
+        loop.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert started.wait(30), "the proxy did not start"
+    try:
+        yield f"http://127.0.0.1:{state['port']}"
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=30)
+
+
+def _status(base: str) -> dict:
+    request = urllib.request.Request(f"{base}/admin/status", headers={"Authorization": "Bearer test-control-token"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.loads(response.read())
+
+
+def test_refit_hooks_drive_the_real_polar_proxy(polar_proxy: str) -> None:
+    from nemo_polar.credit.nemo_rl.gateways import GatewayAdmin, GatewayAdminError, wrap_refit
+
+    seen: list[tuple[bool, object]] = []
+
+    def refit(*args: object, **kwargs: object) -> dict:
+        status = _status(polar_proxy)  # what the gateway looks like while the weights change
+        seen.append((status["paused"], status["policy_version"]))
+        return {}
+
+    standin_grpo.refit_policy_generation = refit  # type: ignore[assignment]
+    wrap_refit(standin_grpo, GatewayAdmin([polar_proxy], timeout_s=5))
+    standin_grpo.refit_policy_generation(None, None, False)
+    standin_grpo.refit_policy_generation(None, None, False)
+    assert seen == [(True, None), (True, 1)]
+    final = _status(polar_proxy)
+    assert (final["paused"], final["policy_version"]) == (False, 2)
+    os.environ["POLAR_CONTROL_TOKEN"] = "wrong-token"  # restored by the fixture's monkeypatch
+    with pytest.raises(GatewayAdminError, match="HTTP 401"):
+        GatewayAdmin([polar_proxy], timeout_s=5).pause()
 
 
 def test_refit_failure_resumes_and_unreachable_gateway_raises(fake_gateway: str) -> None:
