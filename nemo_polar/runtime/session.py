@@ -42,6 +42,14 @@ class SessionRun:
     out: Path
 
 
+def _layout(out: Path, workdir: Path, session_id: str) -> tuple[Path, Path, Path, Path]:
+    """Resolved run directory and workdir, the session's directory and its private HOME (created)."""
+    out, workdir = out.resolve(), workdir.resolve()
+    sdir = out / "sessions" / session_id
+    (sdir / "home").mkdir(parents=True)
+    return out, workdir, sdir, sdir / "home"
+
+
 def _git_diff(workdir: Path) -> str | None:
     if not (workdir / ".git").exists():
         return None
@@ -66,12 +74,8 @@ async def run_session(
     provider_api: str | None = None,
 ) -> SessionRun:
     adapter = get_adapter(harness) if isinstance(harness, str) else harness
-    out = out.resolve()
-    workdir = workdir.resolve()
     session_id = uuid.uuid4().hex
-    sdir = out / "sessions" / session_id
-    home = sdir / "home"
-    home.mkdir(parents=True)
+    out, workdir, sdir, home = _layout(out, workdir, session_id)
     proxy = Proxy(ProxyConfig(upstreams=[upstream], store_dir=str(out), served_model=served_model))
     runner = web.AppRunner(proxy.make_app(), access_log=None)
     await runner.setup()
@@ -84,7 +88,10 @@ async def run_session(
         probe = make_context(adapter, base_url=proxy.base_url, api_key="-", **ctx_args)
         resolved = resolve_plan(plan, adapter, probe) if plan else None
         session = await proxy.create_session(
-            session_id=session_id, plan=resolved, classifier=adapter.classify_request, metadata={"harness": adapter.name}
+            session_id=session_id,
+            plan=resolved,
+            classifier=adapter.classify_request,
+            metadata={"harness": adapter.name},
         )
         ctx = make_context(adapter, base_url=proxy.base_url, api_key=session.api_key, **ctx_args)
         started = time.time()
