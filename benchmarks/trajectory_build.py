@@ -79,9 +79,9 @@ def _time(records: list[CompletionRecord], repeat: int) -> dict[str, tuple[float
     for _ in range(repeat):
         for builder in BUILDERS:
             gc.collect()
-            t0 = time.perf_counter()
+            t0 = time.process_time()  # CPU time of this process: waiting for a shared core is not build time
             traj = build(records, builder, eot_token_ids=[IM_END])
-            sec = time.perf_counter() - t0
+            sec = time.process_time() - t0
             if builder not in best or sec < best[builder][0]:
                 best[builder] = (sec, traj)
             del traj
@@ -94,7 +94,7 @@ def main() -> None:
     ap.add_argument("--drift", action="store_true", help="every turn re-rendered: prefix_merging splits every call")
     args = ap.parse_args()
     print(
-        f"{'scale':>5} {'records':>7} {'in tokens':>10} {'builder':>15} {'ms/session':>10} {'Mtok/s':>7} "
+        f"{'scale':>5} {'records':>7} {'in tokens':>10} {'builder':>15} {'cpu ms':>10} {'Mtok/s':>7} "
         f"{'traces':>6} {'trainer tokens':>14} {'trainable':>9}"
     )
     base: dict[str, float] = {}
