@@ -34,6 +34,7 @@ __all__ = [
     "ActionInfo",
     "Judge",
     "RoleLabel",
+    "adapter_tool_roles",
     "classify_action",
     "classify_calls",
     "observation_signals",
@@ -105,6 +106,7 @@ DEFAULT_TOOL_ROLES: dict[str, dict[str, str]] = {
         "web_fetch": "IG",
         "web_search": "IG",
         "task": "IG",
+        "lsp": "IG",
         "replace": "AE",
         "edit": "AE",
         "write_file": "AE",
@@ -206,6 +208,16 @@ _EDIT_KEYS = (
 )
 _DIFF = re.compile(r"^(?:diff --git |@@ -\d+|\+\+\+ b/)", re.M)
 _NUMBERED = re.compile(r"^\s*\d+[\t→│|:]", re.M)
+
+
+def adapter_tool_roles(adapter: Any) -> dict[str, str]:
+    """A harness adapter's tool table for `RoleConfig.tool_roles[adapter.name]` (duck-typed: `role_hints` and
+    `shell_tool`, so credit never imports the adapters)."""
+    table = {str(k): str(v) for k, v in dict(getattr(adapter, "role_hints", {}) or {}).items()}
+    shell = getattr(adapter, "shell_tool", None)
+    if shell:
+        table[str(shell)] = "SHELL"
+    return table
 
 
 def tool_table(harness: str | None, overrides: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, str]:

@@ -15,7 +15,7 @@ from nemo_polar.credit import annotate
 from nemo_polar.credit.calls import extract_calls
 from nemo_polar.credit.config import CallCreditConfig, JudgeConfig, RoleConfig
 from nemo_polar.credit.labels import evaluate, load_labels, split_of
-from nemo_polar.credit.roles import DEFAULT_TOOL_ROLES, classify_calls, openai_judge, verification_outcome
+from nemo_polar.credit.roles import DEFAULT_TOOL_ROLES, classify_calls, openai_judge, tool_table, verification_outcome
 
 from .sessions import PYTEST_FAIL, PYTEST_PASS, bugfix_steps, make_session
 
@@ -178,3 +178,14 @@ def test_judge_failure_keeps_the_rule_label() -> None:
     calls = extract_calls(make_session([("Bash", {"command": "python x.py"}, "1")]))
     labels = classify_calls(calls, harness="claude_code", config=RoleConfig(judge=jcfg), judge=openai_judge(jcfg))
     assert labels[0].role == "IG" and labels[0].source == "prior"
+
+
+def test_default_tables_agree_with_the_harness_adapters() -> None:
+    from nemo_polar.credit.roles import adapter_tool_roles
+    from nemo_polar.harness_adapters import BUILTIN, get_adapter
+
+    for name in BUILTIN:
+        theirs = adapter_tool_roles(get_adapter(name))
+        ours = tool_table(name)
+        for tool, hint in theirs.items():
+            assert ours.get(tool) == hint, (name, tool, hint, ours.get(tool))
