@@ -199,13 +199,25 @@ def _first_drift(traj: Any) -> str:
 
 @pytest.mark.parametrize("name", list(BUILTIN))
 def test_harness_end_to_end(name: str, stack: Stack, tmp_path: Path) -> None:
+    _run_plan(name, stack, tmp_path)
+
+
+@pytest.mark.parametrize("api", ["openai-responses", "anthropic-messages", "google-generative-ai"])
+def test_pi_speaks_each_provider_api(api: str, stack: Stack, tmp_path: Path) -> None:
+    """Pi's other three provider APIs (the default, openai-completions, runs above), each through its dialect."""
+    records = _run_plan("pi", stack, tmp_path, provider_api=api)
+    expected = {"openai-responses": "openai_responses", "anthropic-messages": "anthropic_messages"}
+    assert {r.dialect for r in records} == {expected.get(api, "google_genai")}
+
+
+def _run_plan(name: str, stack: Stack, tmp_path: Path, **ctx_extra: Any) -> list[CompletionRecord]:
     adapter = get_adapter(name)
     if adapter.package is not None and not install_status(adapter).installed:
         pytest.fail(f"{name} is not installed: run `polar harness install {name}` (make test does)")
     work, home = tmp_path / "work", tmp_path / "home"
     work.mkdir()
     home.mkdir()
-    extra: dict[str, Any] = {"max_turns": 10}
+    extra: dict[str, Any] = {"max_turns": 10, **ctx_extra}
     if name == "shell":
         extra["command_line"] = f"{shutil.which('python3') and sys.executable} {TINY_AGENT} {{instruction}}"
     probe = make_context(
@@ -247,6 +259,7 @@ def test_harness_end_to_end(name: str, stack: Stack, tmp_path: Path) -> None:
         traj = build(records, builder="prefix_merging")
         main_traces = [t for t in traj.traces if t.chain_kind == "main"]
         assert len(main_traces) == 1, f"{len(main_traces)} main traces; first drift: {_first_drift(traj)}"
+    return records
 
 
 def test_claude_code_forced_subagent_gets_its_own_chain(stack: Stack, tmp_path: Path) -> None:
