@@ -11,7 +11,6 @@ nothing about what a model produced: forced plan steps decide the session either
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,6 @@ from nemo_polar.harness_adapters.install import status as install_status
 
 from nemo_polar.rollout import PolarClient, TaskSpec
 from nemo_polar.rollout.proxylink import HostedProxy
-from nemo_polar.runtime.sandbox import bwrap_available
 from nemo_polar.types import SessionResult
 
 from .helpers import example_task, start_gateway, start_server
@@ -30,24 +28,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 # Codex (OpenAI Responses) and Qwen Code (OpenAI Chat); Claude Code currently stops at the proxy with
 # "messages[1].role: must be 'user' or 'assistant', got 'system'" (reported to the proxy owners).
 HARNESSES = ("codex", "qwen_code")
-
-
-@pytest.fixture(params=["fake", "vllm"])
-def upstream(request: pytest.FixtureRequest) -> dict[str, Any]:
-    if bwrap_available() is None:
-        pytest.skip("bubblewrap is not installed (make test installs Debian `bubblewrap`)")
-    if request.param == "fake":
-        return {"kind": "fake", "model": "tiny-qwen3"}
-    if importlib.util.find_spec("tests.fixtures_backend") is None:
-        pytest.skip("the vLLM-CPU backend fixtures have not landed")
-    backend = request.getfixturevalue("vllm_qwen3")
-    return {
-        "kind": "vllm",
-        "url": backend.base_url,
-        "model": backend.model,
-        "model_dir": str(backend.model_dir),
-        "eot": list(backend.eot_token_ids),
-    }
 
 
 async def _run_stack(upstream: dict[str, Any], tmp_path: Path, task: TaskSpec) -> list[SessionResult]:
@@ -118,7 +98,14 @@ def test_agent_timeout_yields_timeout_and_a_partial_trajectory(upstream: dict[st
     """The agent hangs in its second tool call: the session is cut at its agent budget, the sandbox killed, and
     POSTRUN still builds a trajectory from the calls made so far."""
     _check_installed("qwen_code")
-    plan = {"version": 1, "steps": [{"shell": "echo first"}, {"shell": "python3 -c 'import time; time.sleep(600)'"}, {"text": "never reached"}]}
+    plan = {
+        "version": 1,
+        "steps": [
+            {"shell": "echo first"},
+            {"shell": "python3 -c 'import time; time.sleep(600)'"},
+            {"text": "never reached"},
+        ],
+    }
     task = TaskSpec.model_validate(
         {
             "task_id": f"hang-{upstream['kind']}",
