@@ -248,17 +248,21 @@ class RecordStore:
 
     def _write_batch(self, conn: sqlite3.Connection, batch: list[Any]) -> None:
         error: BaseException | None = None
+        single = len(batch) == 1  # one statement is its own transaction (autocommit): skip BEGIN/COMMIT
         try:
-            conn.execute("BEGIN")
+            if not single:
+                conn.execute("BEGIN")
             for op, _, _ in batch:
                 self._apply(conn, op)
-            conn.execute("COMMIT")
+            if not single:
+                conn.execute("COMMIT")
         except BaseException as exc:
             error = exc
-            try:
-                conn.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
             log.exception("store write failed (%d ops)", len(batch))
         self.batches += 1
         self.writes += len(batch)
