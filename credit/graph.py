@@ -23,7 +23,7 @@ from nemo_polar.types import CompletionRecord, Trajectory
 
 from .calls import Call, extract_calls
 from .config import CallCreditConfig, GraphConfig
-from .roles import Judge, RoleLabel, classify_calls
+from .roles import Judge, RoleLabel, classify_calls, openai_judge
 
 __all__ = ["CallGraph", "CallNode", "Edge", "annotate", "build_edges"]
 
@@ -424,7 +424,8 @@ def annotate(
         source: the session's `CompletionRecord`s, or its `Trajectory` (then `records` must hold the records its
             `call_spans` name; spans without a record become OTHER nodes without edges).
         harness: harness name for the tool table (`roles.DEFAULT_TOOL_ROLES` keys).
-        judge: optional LLM judge for ambiguous calls (used only when `config.roles.judge.enabled`).
+        judge: optional LLM judge for ambiguous calls (used only when `config.roles.judge.enabled`; when None and
+            `config.roles.judge.base_url` is set, the built-in OpenAI-compatible judge is used).
 
     Returns:
         the `CallGraph`; node `index` follows `seq` order.
@@ -435,6 +436,8 @@ def annotate(
     else:
         recs = list(source)
     calls = extract_calls([r for r in recs if r is not None], text_shell_blocks=cfg.roles.text_shell_blocks)
+    if judge is None and cfg.roles.judge.enabled and cfg.roles.judge.base_url:
+        judge = openai_judge(cfg.roles.judge)
     labels = classify_calls(calls, harness=harness, config=cfg.roles, judge=judge)
     edges = build_edges(calls, labels, cfg.graph)
     nodes = [_node(c, lab) for c, lab in zip(calls, labels, strict=True)]

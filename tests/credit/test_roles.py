@@ -168,9 +168,11 @@ def test_judge_decides_ambiguous_calls_only_when_enabled(
     assert _FakeChat.seen[0]["path"] == "/v1/chat/completions"
     assert _FakeChat.seen[0]["auth"] == "Bearer k123"
     assert "reproduce.py" in _FakeChat.seen[0]["body"]["messages"][1]["content"]
+    # the built-in judge from the config alone (what `polar credit --config` uses)
+    assert annotate(recs, harness="claude_code", config=on).roles() == ["RV", "IG"] and len(_FakeChat.seen) == 2
     # off by default: the same judge is never asked
     g2 = annotate(recs, harness="claude_code", judge=judge)
-    assert g2.roles() == ["IG", "IG"] and len(_FakeChat.seen) == 1
+    assert g2.roles() == ["IG", "IG"] and len(_FakeChat.seen) == 2
 
 
 def test_judge_failure_keeps_the_rule_label() -> None:
