@@ -8,11 +8,12 @@ model); the evaluation is real (`swe_tests`: the example repo's pytest on a fres
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from pathlib import Path
 
 import aiohttp
 
-from nemo_polar.rollout import PolarClient
+from nemo_polar.rollout import PolarClient, TaskSpec
 from nemo_polar.types import SessionResult
 
 from .helpers import CallbackReceiver, example_task, serve, start_gateway, start_server
@@ -61,3 +62,69 @@ def test_fix_and_noop_plans_score_through_every_stage_and_callbacks_apply_once(t
     assert set(receiver.applied) == {r.session_id for r in results}
     assert 'polar_gateway_sessions_finished_total{node="node-0",status="COMPLETED"} 2' in metrics
     assert "polar_gateway_run_slot_busy_fraction" in metrics
+
+
+def _sim(task_id: str, n: int, run_s: object) -> TaskSpec:
+    return TaskSpec.model_validate(
+        {
+            "task_id": task_id,
+            "instruction": "simulated",
+            "num_samples": n,
+            "runtime": {"isolation": "none"},
+            "agent": {"harness": "simulation", "options": {"run_s": run_s}},
+            "builder": "per_request",
+            "evaluator": "session_completed",
+        }
+    )
+
+
+def test_events_incremental_results_and_least_loaded_placement(tmp_path: Path) -> None:
+    async def main() -> tuple[list[str], list[list[int]], list[SessionResult]]:
+        runner, url, _ = await start_server(tmp_path)
+        gws = [
+            await start_gateway(tmp_path / f"g{i}", url, node_id=f"n{i}", run_slots=2, init_workers=2)
+            for i in range(2)
+        ]
+        events: list[str] = []
+        pages: list[list[int]] = []
+        try:
+            async with aiohttp.ClientSession() as http:
+                for _ in range(300):  # both nodes registered
+                    async with http.get(url + "/nodes") as r:
+                        if len(await r.json()) == 2:
+                            break
+                    await asyncio.sleep(0.05)
+                sse = await http.get(url + "/events?task_id=spread")
+
+                async def read_events() -> None:
+                    async for raw in sse.content:
+                        line = raw.decode().strip()
+                        if line.startswith("event: "):
+                            events.append(line[7:])
+                            if line == "event: task_done":
+                                return
+
+                reader = asyncio.create_task(read_events())
+                task = _sim("spread", 4, 1.5)
+                async with PolarClient(url) as client:
+                    await client.submit(task)
+                    results = await asyncio.wait_for(client.collect(task.task_id), timeout=120)
+                    for after in (0, 2, 4):  # incremental: only what comes after the index
+                        async with http.get(f"{url}/tasks/spread/results?after={after}") as r:
+                            body = await r.json()
+                            pages.append([item["index"] for item in body["results"]])
+                            assert body["done"] is True
+                await asyncio.wait_for(reader, timeout=30)
+                sse.close()
+            return events, pages, results
+        finally:
+            for g in gws:
+                await g.close()
+            await runner.cleanup()
+
+    events, pages, results = asyncio.run(main())
+    assert events[0] == "task_submitted" and events[-1] == "task_done"
+    assert events.count("session_dispatched") == 4 and events.count("result") == 4
+    assert pages == [[1, 2, 3, 4], [3, 4], []]
+    per_node = Counter(r.metadata["node_id"] for r in results)
+    assert per_node == Counter({"n0": 2, "n1": 2}), per_node  # least-loaded: two each
