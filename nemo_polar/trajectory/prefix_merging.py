@@ -189,7 +189,7 @@ class _Builder:
     def _match_canonical(
         self, p: list[int], pb: bytes, cands: list[_Chain]
     ) -> tuple[tuple[_Chain, list[int], int] | None, _Chain | None]:
-        """Longest previous prompt that is a proper prefix of `p` and whose tail holds a terminator.
+        """The chain whose previous prompt is the longest proper prefix of `p`, if its tail holds a terminator.
 
         Among chains with equally long previous prompts (siblings), the one whose sampled turn deviates least from
         the re-rendering wins. Returns (chain, interstitial, drift) or None, and a chain that matched but had no
@@ -204,19 +204,17 @@ class _Builder:
                     # extension of some older, shorter tip
                     return None, None
                 groups.setdefault(len(lp), []).append(c)
+        if not groups:
+            return None, None
+        best: tuple[_Chain, list[int], int] | None = None
         no_eot: _Chain | None = None
-        for n in sorted(groups, reverse=True):
-            best: tuple[_Chain, list[int], int] | None = None
-            for c in groups[n]:
-                spliced = self._splice(p, c.records[-1])
-                if spliced is None:
-                    no_eot = no_eot or c
-                    continue
-                if best is None or spliced[1] < best[2]:
-                    best = (c, spliced[0], spliced[1])
-            if best is not None:
-                return best, None
-        return None, no_eot
+        for c in groups[max(groups)]:  # only the longest tip: never fall back to an older, shorter one
+            spliced = self._splice(p, c.records[-1])
+            if spliced is None:
+                no_eot = no_eot or c
+            elif best is None or spliced[1] < best[2]:
+                best = (c, spliced[0], spliced[1])
+        return (best, None) if best is not None else (None, no_eot)
 
     def _splice(self, p: list[int], last: CompletionRecord) -> tuple[list[int], int] | None:
         """Interstitial and drift when `p` continues `last` canonically; None when its tail has no terminator."""
