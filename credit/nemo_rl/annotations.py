@@ -48,25 +48,34 @@ Classifier = Callable[[Sequence[DecodedCall]], list[CallAnnotation]]
 
 
 def from_polar_calls(entries: Sequence[Mapping[str, Any]], n_calls: int, row: int) -> list[CallAnnotation]:
-    """Annotations from one row's `polar_calls` list.
+    """Annotations from one row's `polar_calls` list (one entry per generated segment, in order).
+
+    `call_index` may number the calls of the whole session (side calls and other chains included), so entries are
+    matched to segments by position, `call_index` must increase, and `parents` are mapped from call indices to
+    segment positions; a parent outside the delivered chain has no segment here and is dropped.
 
     Raises:
         AnnotationError: count, order, role or parent indices do not fit the row's `n_calls` generated segments.
     """
     if len(entries) != n_calls:
         raise AnnotationError(f"row {row}: polar_calls has {len(entries)} entries for {n_calls} generated segments")
+    position: dict[int, int] = {}
     out: list[CallAnnotation] = []
+    last = -1
     for k, entry in enumerate(entries):
-        index = entry.get("call_index", k)
-        if index != k:
-            raise AnnotationError(f"row {row}: polar_calls[{k}].call_index is {index}, expected {k}")
+        index = int(entry.get("call_index", k))
+        if index <= last:
+            raise AnnotationError(f"row {row}: polar_calls[{k}].call_index {index} does not increase")
+        last = index
         role = str(entry.get("role", "OTHER")).upper()
         if role not in ROLES:
             raise AnnotationError(f"row {row}: polar_calls[{k}].role {role!r} is not one of {ROLES}")
-        parents = tuple(int(p) for p in entry.get("parents") or ())
-        if any(p < 0 or p >= k for p in parents):
+        parents = [int(p) for p in entry.get("parents") or ()]
+        if any(p >= index for p in parents):
             raise AnnotationError(f"row {row}: polar_calls[{k}].parents {parents} must be earlier call indices")
-        out.append(CallAnnotation(role=role, parents=parents, source="polar_calls"))
+        mapped = tuple(sorted({position[p] for p in parents if p in position}))
+        position[index] = k
+        out.append(CallAnnotation(role=role, parents=mapped, source="polar_calls"))
     return out
 
 

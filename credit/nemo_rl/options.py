@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 ESTIMATOR_TARGET = "nemo_polar.credit.nemo_rl.CallCreditAdvantageEstimator"
 ESTIMATOR_NAME = "call_credit"
@@ -101,6 +101,11 @@ class EstimatorOptions(BaseModel):
     normalize_rewards: bool = True
     use_leave_one_out_baseline: bool = True
     call_credit: CallCreditOptions = Field(default_factory=CallCreditOptions)
+
+    @field_validator("call_credit", mode="before")
+    @classmethod
+    def _empty_block(cls, value: Any) -> Any:
+        return {} if value is None else value  # `call_credit:` with nothing under it in YAML
 
     def core_config(self) -> Any:
         """The CALL-CREDIT core's `CallCreditConfig` for this block (validated; fallback subset without the core)."""

@@ -201,6 +201,22 @@ def test_last_metrics_and_core_config() -> None:
     assert est.config.propagation.gamma == 0.5
 
 
+def test_polar_calls_with_session_wide_call_indices() -> None:
+    """call_index may count side calls that are not in the delivered chain: parents map to chain positions."""
+    from nemo_polar.credit.nemo_rl.annotations import from_polar_calls
+
+    entries = [
+        {"call_index": 0, "role": "IG", "parents": []},
+        {"call_index": 2, "role": "AE", "parents": [0, 1]},  # 1 was a side call (another chain)
+        {"call_index": 5, "role": "RV", "parents": [2]},
+    ]
+    assert [(a.role, a.parents) for a in from_polar_calls(entries, 3, 0)] == [("IG", ()), ("AE", (0,)), ("RV", (1,))]
+    with pytest.raises(ValueError, match="does not increase"):
+        from_polar_calls([entries[1], entries[0], entries[2]], 3, 0)
+    with pytest.raises(ValueError, match="earlier call indices"):
+        from_polar_calls([{"call_index": 0, "role": "IG", "parents": [0]}], 1, 0)
+
+
 def test_fails_loudly_without_message_log() -> None:
     b = _batch()
     est = CallCreditAdvantageEstimator(_config(0.5), None)
