@@ -2,9 +2,10 @@
 """CALL-CREDIT over a run directory (DESIGN §3): read sessions and records, write `credit.jsonl`.
 
 Reads `trajectories.jsonl` (one `SessionResult` per line; a bare `Trajectory` with `session_id`/`reward`
-fields is accepted too) and the records from `records.jsonl` (one `CompletionRecord` per line) or
-`records.sqlite` (any table whose rows hold a CompletionRecord as a JSON column, or whose columns are its
-fields). Groups are `metadata.group_id`, else `task_id`. Writes one line per session to `credit.jsonl`:
+fields, or one `Trace` per line as `polar run` writes it, are accepted too) and the records from
+`records.jsonl` (one `CompletionRecord` per line) or `records.sqlite` (the proxy store's layout — a `data`
+column holding the record's JSON — or any table whose rows hold a record as a JSON column or as its fields;
+pending rows are skipped). Groups are `metadata.group_id`, else `task_id`. Writes one line per session to `credit.jsonl`:
 the session's Â_τ and, per call, `{call_index, record_id, role, evidence, parents, credit, …}` — the shape
 of NEMO.md's `polar_calls` plus the credit. Returns the metrics for the CLI. No network, no trainer.
 """
@@ -13,14 +14,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import orjson
 
-from nemo_polar.types import CompletionRecord, SessionResult
+from nemo_polar.types import CompletionRecord, EvalResult, SessionResult, Trace, Trajectory
 
 from .config import CallCreditConfig
 from .graph import CallGraph, annotate
@@ -30,31 +31,77 @@ from .propagation import CreditAssignment, assign
 __all__ = ["RunCredit", "credit_run_dir", "load_records", "load_sessions"]
 
 
-def load_sessions(run_dir: Path) -> list[SessionResult]:
+def load_sessions(run_dir: Path, records: Sequence[CompletionRecord] = ()) -> list[SessionResult]:
+    """Sessions of `run_dir/trajectories.jsonl`. Lines may be `SessionResult`s, `Trajectory`s (with optional
+    `session_id`/`task_id`/`harness`/`reward`/`metadata` fields) or single `Trace`s (what `polar run` writes: they
+    are grouped into sessions by the session of the records their spans name; harness and session id default to
+    `summary.json`'s; the reward is the traces' `reward`)."""
     path = run_dir / "trajectories.jsonl"
     if not path.exists():
         raise FileNotFoundError(f"{path} not found")
     out = []
+    loose: list[Trace] = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         d = orjson.loads(line)
-        if "trajectory" not in d and "traces" in d:  # a bare Trajectory line
+        if "trajectory" in d:
+            out.append(SessionResult.from_dict(d))
+        elif "traces" in d:  # a bare Trajectory line
             extra = {k: d.pop(k) for k in ("session_id", "task_id", "harness", "reward", "metadata") if k in d}
             reward = extra.pop("reward", None)
-            d = {
-                "session_id": extra.get("session_id", f"line{n}"),
-                "task_id": extra.get("task_id", "task"),
-                "harness": extra.get("harness"),
-                "metadata": extra.get("metadata", {}),
-                "trajectory": d,
-                "eval": None if reward is None else {"reward": reward},
-            }
-        out.append(SessionResult.from_dict(d))
+            out.append(
+                SessionResult.from_dict(
+                    {
+                        "session_id": extra.get("session_id", f"line{n}"),
+                        "task_id": extra.get("task_id", "task"),
+                        "harness": extra.get("harness"),
+                        "metadata": extra.get("metadata", {}),
+                        "trajectory": d,
+                        "eval": None if reward is None else {"reward": reward},
+                    }
+                )
+            )
+        elif "response_ids" in d or "call_spans" in d:
+            loose.append(Trace.from_dict(d))
+        else:
+            raise ValueError(f"{path}:{n}: neither a SessionResult, a Trajectory nor a Trace")
+    if loose:
+        out += _sessions_from_traces(run_dir, loose, records)
+    return out
+
+
+def _sessions_from_traces(
+    run_dir: Path, traces: list[Trace], records: Sequence[CompletionRecord]
+) -> list[SessionResult]:
+    summary: dict[str, Any] = {}
+    if (run_dir / "summary.json").exists():
+        summary = json.loads((run_dir / "summary.json").read_text())
+    session_of = {r.id: r.session_id for r in records}
+    default_sid = str(summary.get("session_id") or "session")
+    groups: dict[str, list[Trace]] = {}
+    for t in traces:
+        sid = next((session_of[rid] for rid, _, _ in t.call_spans if rid in session_of), default_sid)
+        groups.setdefault(sid, []).append(t)
+    out = []
+    for sid, ts in groups.items():
+        reward = next((t.reward for t in ts if t.reward is not None), None)
+        out.append(
+            SessionResult(
+                session_id=sid,
+                task_id=str(summary.get("task_id") or sid),
+                harness=summary.get("harness"),
+                trajectory=Trajectory(traces=ts),
+                eval=None if reward is None else EvalResult(reward=float(reward)),
+                record_ids=[rid for t in ts for rid, _, _ in t.call_spans],
+            )
+        )
     return out
 
 
 def _record_from_row(row: Mapping[str, Any]) -> CompletionRecord | None:
+    if row.get("state") == "pending":  # the proxy store's not-yet-committed calls
+        return None
     for v in row.values():
         if isinstance(v, (str, bytes)) and v[:1] in ("{", b"{"):
             try:
@@ -128,8 +175,8 @@ def credit_run_dir(
     """Annotate, assign and summarise every session of `run_dir`; write `run_dir/out_name`."""
     cfg = config or CallCreditConfig()
     rd = Path(run_dir)
-    sessions = load_sessions(rd)
     records = load_records(rd)
+    sessions = load_sessions(rd, records)
     by_session: dict[str, list[CompletionRecord]] = {}
     for r in records:
         by_session.setdefault(r.session_id, []).append(r)

@@ -122,3 +122,34 @@ def test_polar_console_script(tmp_path: Path) -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["sessions"] == 4
+
+
+def test_polar_run_layout_with_the_real_store_and_builder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The layout `polar run` writes: one Trace per line, the proxy's records.sqlite, summary.json."""
+    import asyncio
+
+    from nemo_polar.proxy.store import RecordStore
+    from nemo_polar.trajectory import build
+    from nemo_polar.trajectory.export import traces_to_jsonl
+
+    rd = tmp_path / "run"
+    recs = make_session(bugfix_steps(), session_id="live1")
+    store = RecordStore(rd).open()
+
+    async def put() -> None:
+        for r in recs:
+            await store.commit(r)
+        await store.put_session("live1", "secret", 0.0, {"harness": "claude_code"})
+
+    try:
+        asyncio.run(put())
+    finally:
+        store.close()
+    (rd / "trajectories.jsonl").write_bytes(traces_to_jsonl(build(recs, builder="prefix_merging", reward=1.0)))
+    (rd / "summary.json").write_text(json.dumps({"harness": "claude_code", "session_id": "live1"}))
+    assert main(["credit", str(rd), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["sessions"] == 1 and summary["calls"] == len(recs)
+    (line,) = [json.loads(x) for x in (rd / "credit.jsonl").read_text().splitlines()]
+    assert line["session_id"] == "live1" and line["harness"] == "claude_code" and line["reward"] == 1.0
+    assert [c["role"] for c in line["calls"]] == ["IG", "IG", "IG", "IG", "AE", "RV", "AE", "RV", "OTHER"]
