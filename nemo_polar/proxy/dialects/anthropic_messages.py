@@ -79,7 +79,9 @@ def parse_request(body: bytes | dict[str, Any], route: RouteMatch) -> ChatReques
     messages: list[dict[str, Any]] = []
     for i, m in enumerate(raw_messages):
         messages.extend(_message(m, f"messages[{i}]", ids, extra))
-    messages = with_system(system_texts, messages)
+    # Claude Code (2.1.197) also sends `system` messages inside `messages`; merged, in order, after `system`
+    system_texts += [m["content"] for m in messages if m["role"] == "system"]
+    messages = with_system(system_texts, [m for m in messages if m["role"] != "system"])
     check_conversation(messages, "messages")
     if ids.original:
         extra["tool_call_ids"] = dict(ids.original)
@@ -117,21 +119,20 @@ def _is_billing_header(text: str) -> bool:
     return text.lstrip().startswith(BILLING_HEADER_PREFIX)
 
 
-def _system(v: Any, extra: dict[str, Any]) -> list[str]:
+def _system(v: Any, extra: dict[str, Any], where: str = "system") -> list[str]:
     """System prompt (string or text blocks) → texts; the billing-header block is removed."""
     if v is None:
         return []
     if isinstance(v, str):
-        lines = v.split("\n")
-        if lines and _is_billing_header(lines[0]):
+        if _is_billing_header(v):  # its first line
             extra["billing_header_removed"] = True
-            v = "\n".join(lines[1:])
+            v = v.split("\n", 1)[1] if "\n" in v else ""
         return [v] if v else []
     if not isinstance(v, list):
-        bad("system: expected a string or an array of text blocks", param="system")
+        bad(f"{where}: expected a string or an array of text blocks", param=where)
     texts: list[str] = []
     for i, b in enumerate(v):
-        path = f"system[{i}]"
+        path = f"{where}[{i}]"
         b = as_dict(b, path)
         if b.get("type") != "text":
             bad(f"{path}.type: system blocks must be text blocks", param=path)
@@ -158,8 +159,13 @@ def _blocks(m: dict[str, Any], path: str) -> list[dict[str, Any]]:
 def _message(m: Any, path: str, ids: CallIds, extra: dict[str, Any]) -> list[dict[str, Any]]:
     m = as_dict(m, path)
     role = m.get("role")
-    if role not in ("user", "assistant"):
-        bad(f"{path}.role: must be 'user' or 'assistant', got {role!r}", param=f"{path}.role")
+    if role not in ("user", "assistant", "system"):
+        bad(f"{path}.role: must be 'user', 'assistant' or 'system', got {role!r}", param=f"{path}.role")
+    if role == "system":
+        if m.get("content") is None:
+            bad(f"{path}.content: field required", param=f"{path}.content")
+        texts = _system(m.get("content"), extra, f"{path}.content")
+        return [{"role": "system", "content": texts[0] if texts else ""}]
     blocks = _blocks(m, path)
     if role == "assistant":
         return [_assistant(blocks, path, ids, extra)]

@@ -49,7 +49,11 @@ ANTHROPIC_BAD: dict[str, Any] = {
     "missing messages": w(A_OK, messages=...),
     "messages not an array": w(A_OK, messages={"role": "user"}),
     "empty messages": w(A_OK, messages=[]),
-    "system role in messages": w(A_OK, messages=[{"role": "system", "content": "x"}]),
+    "tool role in messages": w(A_OK, messages=[{"role": "tool", "content": "x"}]),
+    "only a system message": w(A_OK, messages=[{"role": "system", "content": "x"}]),
+    "system message with an image": w(
+        A_OK, messages=[{"role": "system", "content": [{"type": "image"}]}, *A_OK["messages"]]
+    ),
     "message not an object": w(A_OK, messages=["hi"]),
     "content a number": w(A_OK, messages=[{"role": "user", "content": 7}]),
     "unknown block type": am({"type": "video", "url": "x"}),
