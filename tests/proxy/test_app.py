@@ -8,6 +8,7 @@ test_vllm_sdk.py.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 
@@ -370,3 +371,37 @@ def test_client_leaving_mid_stream_is_a_failure_record(fake_upstream, make_proxy
     (rec,) = h.records(s.session_id)
     assert rec.error is not None and rec.error["type"] == "client_disconnected"
     assert rec.generation_token_ids == []
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_token_ids_and_logprobs_never_reach_the_harness(fake_upstream, make_proxy, stream):
+    import urllib.request
+
+    fake = fake_upstream()
+    h = make_proxy([fake.base_url])
+    s = h.session()
+    calls = [
+        ("/v1/chat/completions", {"model": "m", "messages": MSG, "stream": stream}),
+        ("/v1/responses", {"model": "m", "input": "hi", "stream": stream}),
+        ("/v1/messages", {"model": "m", "max_tokens": 8, "messages": MSG, "stream": stream}),
+        (
+            "/v1beta/models/g:streamGenerateContent?alt=sse" if stream else "/v1beta/models/g:generateContent",
+            {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]},
+        ),
+    ]
+    for path, body in calls:
+        req = urllib.request.Request(
+            h.base_url + path,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"x-api-key": s.api_key, "x-goog-api-key": s.api_key, "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            raw = resp.read()
+        assert resp.status == 200 and raw
+        # ("logprobs": null is OpenAI's own empty field; usage token *counts* are fine)
+        for leak in (b"token_ids", b"log_probs", b"top_logprobs", b'"logprobs":{', b'"logprobs":[{', b"104730"):
+            assert leak not in raw.replace(b" ", b""), (path, leak)
+    assert all(
+        r.error is None and len(r.generation_token_ids) == fake.behaviour.n_gen for r in h.records(s.session_id)
+    )
