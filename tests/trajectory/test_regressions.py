@@ -362,3 +362,13 @@ def test_gym_items_mirror_calls_and_fold_masked_ones() -> None:
     assert log[3]["token_loss_mask"].tolist() == [1, 1] and log[3]["generation_logprobs"].dtype.is_floating_point
     lines = traces_to_jsonl(traj).splitlines()
     assert Trace.from_json(lines[0]).response_ids == traj.traces[0].response_ids
+
+
+def test_canonical_never_falls_back_to_an_older_shorter_tip() -> None:
+    p2 = [*P1, 200, E, NL, S, TOOL, 300, E, NL, S, AST]
+    p3 = [*p2, 201, NL, S, USR, 102, NL, S, AST]  # continues r1's turn, but no terminator after it
+    recs = [rec(0, P1, [200, E]), rec(1, P1, [210, E]), rec(2, p2, [201, E]), rec(3, p3, [202, E])]
+    traj = build(recs, "prefix_merging", fidelity="canonical", eot_token_ids=[E])
+    # r3 must not be spliced onto the sibling chain r1 (whose prompt P1 also prefixes p3, with a terminator later)
+    assert traj.stats.splits["no_eot"] == 1 and traj.stats.splits["sibling"] == 1
+    assert [t.metadata["records"] for t in traj.traces] == [["r0", "r2"], ["r1"], ["r3"]]
