@@ -133,11 +133,14 @@ def _parse_arguments(raw: Any) -> dict[str, Any]:
 
 def _actions_of(response: Mapping[str, Any], text_shell_blocks: bool) -> list[Action]:
     out = []
-    for tc in response.get("tool_calls") or []:
+    raw_calls = response.get("tool_calls")
+    for tc in raw_calls if isinstance(raw_calls, list) else []:
         if not isinstance(tc, Mapping):
             continue
         fn = tc.get("function") if isinstance(tc.get("function"), Mapping) else tc
         name = fn.get("name") if isinstance(fn, Mapping) else None
+        if name is not None and not isinstance(name, str):
+            name = str(name)
         args = _parse_arguments(fn.get("arguments") if isinstance(fn, Mapping) else None)
         out.append(Action(tool=str(name) if name else "", arguments=args, call_id=tc.get("id")))
     if not out and text_shell_blocks:
@@ -149,7 +152,7 @@ def _actions_of(response: Mapping[str, Any], text_shell_blocks: bool) -> list[Ac
 
 def _tail_after_last_assistant(messages: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     for i in range(len(messages) - 1, -1, -1):
-        if messages[i].get("role") == "assistant":
+        if isinstance(messages[i], Mapping) and messages[i].get("role") == "assistant":
             return list(messages[i + 1 :])
     return []
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from nemo_polar.credit import CallGraph, annotate
 from nemo_polar.credit.config import CallCreditConfig, GraphConfig
 
@@ -115,3 +117,36 @@ def test_graph_round_trips() -> None:
     g = annotate(make_session(bugfix_steps()), harness="claude_code")
     g2 = CallGraph.from_dict(g.to_dict())
     assert g2.to_dict() == g.to_dict()
+
+
+_junk = st.one_of(
+    st.none(),
+    st.text(max_size=20),
+    st.integers(),
+    st.lists(st.text(max_size=5), max_size=3),
+    st.dictionaries(st.text(max_size=5), st.text(max_size=10), max_size=3),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(_junk, _junk, _junk), min_size=1, max_size=6))
+def test_malformed_records_never_raise(parts: list[tuple[object, object, object]]) -> None:
+    from nemo_polar.types import CompletionRecord
+
+    recs = []
+    for k, (content, args, msgs) in enumerate(parts):
+        tool_calls = [
+            {"id": f"c{k}", "function": {"name": "Bash", "arguments": args if isinstance(args, str) else "{"}}
+        ]
+        recs.append(
+            CompletionRecord(
+                id=f"r{k}",
+                session_id="s",
+                seq=k,
+                dialect="openai_chat",
+                request={"messages": msgs if isinstance(msgs, list) else [{"role": "tool", "content": content}]},
+                response={"content": content, "tool_calls": tool_calls if k % 2 else content},
+            )
+        )
+    g = annotate(recs)
+    assert len(g) == len(recs) and all(n.role in ("IG", "AE", "RV", "OTHER") for n in g.nodes)

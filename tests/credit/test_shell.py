@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from nemo_polar.credit.config import RoleConfig
 from nemo_polar.credit.shell import analyse_shell
 
@@ -88,3 +90,15 @@ def test_heredoc_body_is_not_parsed_as_commands() -> None:
 
 def test_unbalanced_quotes_do_not_raise() -> None:
     assert top('grep -n "unterminated src/a.py') == "IG"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.text(
+        alphabet=st.sampled_from(list("ab /.-|&;()<>'\"\\$`\n=*{}EOF")),
+        max_size=80,
+    ).map(lambda s: s.replace("E", "<<").replace("F", "sed -i ").replace("O", "pytest "))
+)
+def test_any_text_is_analysed_without_raising(cmd: str) -> None:
+    res = analyse_shell(cmd)
+    assert all(c.effect in {"IG", "AE", "RV", "EXEC", "SETUP", "NEUTRAL", "SUBMIT"} for c in res.commands)
