@@ -357,3 +357,38 @@ def test_polar_calls_patch_carries_annotations_into_the_batch() -> None:
     assert [a.role for a in est.last_annotations[0]] == ["IG", "AE"]
     assert est.last_metrics["call_credit/rows_annotated_from_polar_calls"] == 1.0
     assert adv.shape == batch["mask"].shape and torch.all(adv[batch["mask"] == 0] == 0)
+
+
+def test_name_call_credit_not_allowed_where_name_is_a_literal() -> None:
+    """Newer NeMo RL narrows `name` to a Literal: then only `_target_` selects the plug-in."""
+    import types
+    from typing import Literal
+
+    from pydantic import BaseModel
+
+    class AdvEstimatorConfig(BaseModel):
+        name: Literal["grpo", "gdpo", "opd", "reinforce_plus_plus"] = "grpo"
+
+    newer = types.ModuleType("standin_newer_grpo")
+    newer.AdvEstimatorConfig = AdvEstimatorConfig  # type: ignore[attr-defined]
+    assert not allows_name_call_credit(newer)
+
+
+def test_async_collector_gets_the_patch_through_a_ray_setup_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    from nemo_polar.credit.nemo_rl import launch, patches
+
+    seen: dict[str, object] = {}
+    standin_ray = types.ModuleType("ray")  # STAND-IN for ray (not installed here): records init's runtime_env
+    standin_ray.init = lambda *a, **kw: seen.update(kw)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "ray", standin_ray)
+    launch._inject_ray_setup_hook()
+    launch._inject_ray_setup_hook()  # idempotent
+    standin_ray.init(address="auto", runtime_env={"env_vars": {"A": "1"}})  # as NeMo RL's init_ray calls it
+    assert seen["runtime_env"] == {"env_vars": {"A": "1"}, "worker_process_setup_hook": launch.RAY_SETUP_HOOK}
+    # the hook itself: a no-op without the env flag, and harmless where NeMo RL's rollouts module is absent
+    monkeypatch.delenv(patches.PATCH_ENV, raising=False)
+    patches.ray_worker_setup()
+    monkeypatch.setenv(patches.PATCH_ENV, "1")
+    patches.ray_worker_setup()
