@@ -4,6 +4,16 @@
 `DIALECTS` maps the `Dialect` value recorded on a CompletionRecord to its module; `detect(method, path, headers)`
 maps a request path (with or without its query string, with or without the `/s/{api_key}` prefix) to the dialect
 module and a `RouteMatch`. This package does no I/O and holds no session state.
+
+Beyond the shape in `nemo_polar.proxy.normalized` (additive, same in all four modules):
+- `StreamRenderer.finish(result)` first emits whatever of `result` the stream has not carried yet, so a renderer
+  fed no events at all (a replayed or forced answer) renders the whole answer; tool calls are taken from `result`.
+- `StreamRenderer.error(err)` renders a mid-stream failure the provider's way (Anthropic `event: error`, Responses
+  `response.failed`, an error object as a Chat / Google data line) for a server that wants to end a broken stream
+  cleanly instead of dropping the connection.
+- `ChatRequest.extra` carries what rendering needs: `tool_map` (Responses namespace/custom tools),
+  `stream_format` (Google `sse` | `json_array`), and for the record `tool_call_ids` (canonical → provider id),
+  `tool_errors`, `dropped_tools`, `thought_signatures`, `billing_header_removed`, `thinking`, `reasoning`, …
 """
 
 from __future__ import annotations

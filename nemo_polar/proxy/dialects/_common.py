@@ -193,8 +193,28 @@ def schema_dict(v: Any, path: str) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ normal form
 
 
+_ENCODE = json.JSONEncoder(ensure_ascii=False).encode
+_CANONICAL: dict[bytes | str, str] = {}  # a session resends its whole history every turn: memoise
+_CANONICAL_MAX = 16384
+
+
 def canonical_arguments(v: Any) -> str:
     """Arguments as canonical JSON text: objects re-serialised, other text kept as produced."""
+    try:
+        key: bytes | str = v if isinstance(v, str) else orjson.dumps(v)
+    except (TypeError, orjson.JSONEncodeError):
+        key = ""
+    if key and (hit := _CANONICAL.get(key)) is not None:
+        return hit
+    out = _canonical(v)
+    if key:
+        if len(_CANONICAL) >= _CANONICAL_MAX:
+            _CANONICAL.clear()
+        _CANONICAL[key] = out
+    return out
+
+
+def _canonical(v: Any) -> str:
     if isinstance(v, str):
         try:
             parsed = json.loads(v)
@@ -204,7 +224,7 @@ def canonical_arguments(v: Any) -> str:
             return v
         v = parsed
     try:
-        return json.dumps(v, ensure_ascii=False)
+        return _ENCODE(v)
     except (TypeError, ValueError, RecursionError):
         bad("tool-call arguments are not JSON-serialisable")
 

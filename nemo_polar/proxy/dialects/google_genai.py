@@ -67,7 +67,7 @@ _SNAKE = re.compile(r"_([a-z0-9])")
 
 def _camel(d: dict[str, Any]) -> dict[str, Any]:
     """Shallow snake_case → camelCase of a proto-JSON object's keys (values are left alone)."""
-    if not any("_" in k for k in d):
+    if "_" not in "".join(d):
         return d
     return {(_SNAKE.sub(lambda m: m.group(1).upper(), k) if "_" in k else k): v for k, v in d.items()}
 
@@ -185,6 +185,8 @@ class _Contents:
             bad(f"{path}.parts: must not be empty", param=f"{path}.parts")
         objs = [_obj(p, f"{path}.parts[{j}]") for j, p in enumerate(parts)]
         for j, p in enumerate(objs):
+            if "thoughtSignature" not in p:
+                continue
             sig = opt_str(p, "thoughtSignature", f"{path}.parts[{j}].thoughtSignature")
             if sig:
                 self.extra.setdefault("thought_signatures", []).append({"content": index, "part": j, "signature": sig})
