@@ -167,7 +167,8 @@ _TEST_OUTPUT = re.compile(
 )
 _TEST_FAIL = re.compile(
     r"\b\d+ failed\b|^FAILED\b|--- FAIL:|^FAIL\s|test result: FAILED|FAILED \((?:failures|errors)=|"
-    r"Tests?:\s+\d+ failed|\d+ errors? in [\d.]+s|^E\s+\w*Error|✕|AssertionError|[Ee]xit (?:code|status):? ?[1-9]",
+    r"Tests?:\s+\d+ failed|\d+ errors? in [\d.]+s|^E\s+\w*Error|✕|AssertionError|"
+    r"(?:[Ee]xit(?:ed with)? [Cc]ode|[Ee]xit [Ss]tatus)[: ]+[1-9]",
     re.M,
 )
 _TEST_PASS = re.compile(
@@ -206,6 +207,7 @@ _EDIT_KEYS = (
     "patching",
     "rote ",
 )
+_EXIT_CODE = re.compile(r"(?:[Ee]xit(?:ed with)? [Cc]ode|[Ee]xit [Ss]tatus)[: ]+(\d+)\b")
 _DIFF = re.compile(r"^(?:diff --git |@@ -\d+|\+\+\+ b/)", re.M)
 _NUMBERED = re.compile(r"^\s*\d+[\t→│|:]", re.M)
 
@@ -257,6 +259,9 @@ def verification_outcome(text: str | None) -> str | None:
     """'passed' | 'failed' | None (not recognisable) for a verification's output."""
     if not text:
         return None
+    code = _EXIT_CODE.search(text)  # the harness's own report of the exit status wins when there is one
+    if code is not None:
+        return "failed" if code.group(1) != "0" or _TEST_FAIL.search(text) else "passed"
     if _TEST_FAIL.search(text):
         return "failed"
     if _TEST_PASS.search(text) or re.search(

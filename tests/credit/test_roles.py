@@ -191,3 +191,17 @@ def test_default_tables_agree_with_the_harness_adapters() -> None:
         ours = tool_table(name)
         for tool, hint in theirs.items():
             assert ours.get(tool) == hint, (name, tool, hint, ours.get(tool))
+
+
+@pytest.mark.parametrize(
+    ("text", "outcome"),
+    [
+        ("Process exited with code 1\nOutput:\nsrc/a.ts(1,1): error TS2304", "failed"),  # Codex exec_command
+        ("Command: npx tsc\nStdout: (empty)\nStderr: (empty)\nError: (none)\nExit Code: 0", "passed"),  # Gemini/Qwen
+        ("Exit code 1\nnpm ERR! Test failed", "failed"),
+        ("Exit code: 0\n1 failed, 2 passed in 0.1s", "failed"),  # `pytest; echo` exits 0 but a test failed
+        ("Process exited with code 0\nOutput:\n", "passed"),
+    ],
+)
+def test_harness_exit_status_reports(text: str, outcome: str) -> None:
+    assert verification_outcome(text) == outcome
