@@ -11,13 +11,14 @@ required keys and types are checked, and so are the cross-field rules the pinned
 (async GRPO needs importance-sampling correction and an async vLLM engine). On top, the CALL-CREDIT block:
 a config that selects our estimator has its `call_credit:` options validated by `CallCreditOptions`.
 
-Does: validate a resolved recipe (`validate_recipe`), reporting every error at once. Does not: import NeMo RL
-(where it is importable, tests also validate against its own `MasterConfig`).
+`nemo_rl_config_keys.json` (written by `pinned_keys.py` from the commit's source) lists those keys; a test checks
+these models against it. Does: validate a resolved recipe (`validate_recipe`), reporting every error at once.
+Does not: import NeMo RL (where it is importable, tests also validate against its own `MasterConfig`).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -93,6 +94,7 @@ class GRPOSchema(_Open):
     use_dynamic_sampling: bool = False
     dynamic_sampling_max_gen_batches: int = 10
     batch_multiplier: float = 1.0
+    reward_shaping: _Open = Field(default_factory=_Open)
     reward_scaling: RewardScalingSchema = Field(default_factory=RewardScalingSchema)
     calculate_advantages_on_gpu: bool = False
     seq_logprob_error_threshold: float | None = None
@@ -137,22 +139,21 @@ class EnabledSchema(_Open):
 
 
 class DTensorSchema(_Open):
+    """`DTensorConfig | DTensorConfigDisabled` upstream: the other keys are required only when enabled."""
+
+    REQUIRED_WHEN_ENABLED: ClassVar[tuple[str, ...]] = (
+        "tensor_parallel_size",
+        "context_parallel_size",
+        "sequence_parallel",
+        "activation_checkpointing",
+        "cpu_offload",
+    )
     enabled: bool
 
     @model_validator(mode="after")
     def _required_when_enabled(self) -> DTensorSchema:
         if self.enabled:
-            missing = [
-                k
-                for k in (
-                    "tensor_parallel_size",
-                    "context_parallel_size",
-                    "sequence_parallel",
-                    "activation_checkpointing",
-                    "cpu_offload",
-                )
-                if k not in (self.model_extra or {})
-            ]
+            missing = [k for k in self.REQUIRED_WHEN_ENABLED if k not in (self.model_extra or {})]
             if missing:
                 raise ValueError(f"dtensor_cfg.enabled=true needs {missing}")
         return self
@@ -304,6 +305,9 @@ class MasterConfigSchema(_Open):
     logger: LoggerSchema
     cluster: ClusterSchema
     checkpointing: CheckpointingSchema
+    reward_penalties: dict[str, Any] | None = None
+    data_plane: dict[str, Any] | None = None
+    on_policy_distillation: dict[str, Any] | None = None
     polar: PolarSchema = Field(default_factory=PolarSchema)
 
     @model_validator(mode="after")

@@ -120,3 +120,40 @@ def test_schema_rejects_what_nemo_rl_would_reject() -> None:
     ok = copy.deepcopy(base)
     ok["grpo"]["adv_estimator"] = {"name": "call_credit", "call_credit": {"alpha": 0.3}}  # the pinned `name: str`
     validate_recipe(ok)
+
+
+def _required(model: type) -> set[str]:
+    return {name for name, field in model.model_fields.items() if field.is_required()}
+
+
+def test_schema_agrees_with_the_pinned_commits_config_keys() -> None:
+    """Every model of `schema.py` against the keys extracted from NeMo RL's source at the pinned commit."""
+    from nemo_polar.credit.nemo_rl import schema
+    from nemo_polar.credit.nemo_rl.pinned_keys import load
+
+    extracted = load()
+    assert extracted["commit"] == NEMO_RL_COMMIT
+    up = {name: set(c["keys"]) for name, c in extracted["classes"].items()}  # type: ignore[union-attr]
+    # pydantic models upstream: the same fields (ours adds only the `polar:` section to MasterConfig)
+    assert set(schema.MasterConfigSchema.model_fields) == up["MasterConfig"] | {"polar"}
+    assert set(schema.GRPOSchema.model_fields) == up["GRPOConfig"]
+    assert set(schema.AsyncGRPOSchema.model_fields) == up["AsyncGRPOConfig"]
+    assert set(schema.RewardScalingSchema.model_fields) == up["RewardScalingConfig"]
+    assert set(schema.AdvEstimatorSchema.model_fields) == up["AdvEstimatorConfig"]
+    assert set(schema.LossFnSchema.model_fields) == up["ClippedPGLossConfig"]
+    # TypedDicts upstream: their required keys are exactly the schema's required fields
+    assert _required(schema.PolicySchema) == up["PolicyConfig"]
+    assert _required(schema.TokenizerSchema) == up["TokenizerConfig"]
+    assert {"enabled", *schema.DTensorSchema.REQUIRED_WHEN_ENABLED} == up["DTensorConfig"]
+    assert _required(schema.GenerationSchema) == up["GenerationConfig"]
+    assert _required(schema.ColocationSchema) == up["ColocationConfig"]
+    assert _required(schema.VllmSpecificSchema) == up["VllmSpecificArgs"]
+    assert _required(schema.DataSchema) == up["DataConfig"]
+    assert _required(schema.ClusterSchema) == up["ClusterConfig"]
+    assert _required(schema.CheckpointingSchema) == up["CheckpointingConfig"]
+    assert _required(schema.LoggerSchema) == up["LoggerConfig"] | up["GRPOLoggerConfig"]
+    assert _required(schema.MasterConfigSchema) == up["MasterConfig"] - {
+        "reward_penalties",
+        "data_plane",
+        "on_policy_distillation",
+    }
