@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import math
 import random
-from pathlib import Path
 
 import pytest
 import torch
@@ -273,8 +272,10 @@ def _tokenizers() -> list[tuple[str, object]]:
     corpus = [p + g for p, g in TEXTS] * 3
     tok.train_from_iterator(corpus, trainers.BpeTrainer(vocab_size=400, show_progress=False))
     out: list[tuple[str, object]] = [("in-test byte-level BPE", tok)]
-    cached = Path.home() / ".cache" / "nemo-polar" / "models" / "tiny-qwen3" / "tokenizer.json"
-    if cached.is_file():  # the real Qwen3 tokenizer, once the backend has prepared it
+    from nemo_polar.backend.config import cache_dir
+
+    cached = cache_dir() / "models" / "tiny-qwen3" / "tokenizer.json"
+    if cached.is_file():  # the real Qwen3 tokenizer, prepared by `make backend` (before the suite in `make test`)
         out.append(("tiny-qwen3", Tokenizer.from_file(str(cached))))
     return out
 
