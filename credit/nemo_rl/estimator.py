@@ -152,7 +152,7 @@ class CallCreditAdvantageEstimator:
         if mode == "polar_calls" and column is None:
             raise AnnotationError(
                 "call_credit.annotations is 'polar_calls' but the batch has no polar_calls column; "
-                "launch with --polar-calls-patch or use annotations: auto"
+                "set polar.polar_calls_patch: true in the recipe (launcher) or use annotations: auto"
             )
         out: list[list[CallAnnotation]] = []
         from_column = 0
