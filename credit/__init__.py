@@ -24,6 +24,7 @@ from .counterfactual import (
     Measurement,
     apply_calibration,
     calibrate,
+    replay_plan,
     select_calls,
 )
 from .curation import dpo_pairs, sampling_weights, write_dpo_jsonl
@@ -31,7 +32,7 @@ from .fusion import fuse_batch, fuse_row, token_advantages
 from .graph import CallGraph, CallNode, Edge, annotate
 from .metrics import broadcast_factors, reward_hacking, role_distributions, weakness_report
 from .propagation import CreditAssignment, assign, group_advantages, propagate, rv_rewards
-from .roles import DEFAULT_TOOL_ROLES, openai_judge
+from .roles import DEFAULT_TOOL_ROLES, adapter_tool_roles, openai_judge
 
 __all__ = [
     "DEFAULT_TOOL_ROLES",
@@ -46,6 +47,7 @@ __all__ = [
     "CreditAssignment",
     "Edge",
     "Measurement",
+    "adapter_tool_roles",
     "annotate",
     "apply_calibration",
     "assign",
@@ -58,6 +60,7 @@ __all__ = [
     "group_advantages",
     "openai_judge",
     "propagate",
+    "replay_plan",
     "reward_hacking",
     "role_distributions",
     "rv_rewards",
