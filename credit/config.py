@@ -196,7 +196,11 @@ class FusionConfig(_Strict):
         description="Trainable tokens outside every call span use Â_τ as their call credit, or 0.",
     )
     apply_sampling_weights: bool = Field(
-        default=False, description="Multiply each call's fused advantages by its curation sampling weight."
+        default=False,
+        description=(
+            "Multiply each call's fused advantages by its curation sampling weight (ignored at α = 1, which is "
+            "GRPO exactly)."
+        ),
     )
 
 

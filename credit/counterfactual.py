@@ -172,7 +172,8 @@ async def calibrate(
     """Select calls within the budget, run `k_variants` counterfactuals each (bounded concurrency, a timeout per
     run; a failed or timed-out run is skipped), and correct the credits in place when `apply`.
 
-    `plans[(t, k)]` is the plan step for `alternative="plan"` (a call without one is skipped).
+    `plans[(t, k)]` is the plan step for `alternative="plan"` (a call without one is skipped). Pass
+    `CallCreditConfig.curation.k_variants` as `k_variants` to get K variants per call for DPO pairs.
     """
     cfg = config or CounterfactualConfig()
     chosen = select_calls(graphs, assignments, cfg, success_threshold=success_threshold)
