@@ -29,6 +29,14 @@ def test_wheel_installs_and_imports_mapped_packages(tmp_path: Path) -> None:
     assert "nemo_polar/credit/__init__.py" in names
     assert "nemo_polar/harness_adapters/__init__.py" in names
     assert "nemo_polar/py.typed" in names
+    # data files the code reads at run time ship inside the wheel
+    for data in (
+        "nemo_polar/backend/smollm2_hermes.jinja",
+        "nemo_polar/examples/roman.json",
+        "nemo_polar/credit/data/role_labels.jsonl",
+        "nemo_polar/credit/nemo_rl/NEMO_RL_COMMIT",
+    ):
+        assert data in names, data
     assert not any(n.startswith(("credit/", "harness_adapters/", "tests/")) for n in names)
 
     # A scratch venv that sees the project venv's third-party packages (one plain path entry, so the
