@@ -3,7 +3,9 @@
 and `polar serve-gateway --node-id N` (the two apart). Everything binds 127.0.0.1 unless `--host` says otherwise.
 
 A gateway given `--upstream URL` (a vLLM OpenAI endpoint, repeatable) hosts the model-API proxy in-process;
-without one it can only run `simulation` agents. This module parses flags and wires the parts; no logic of its own.
+without one it can only run `simulation` agents. The run directory (`--work-dir`) follows DESIGN §3: `rollout.sqlite`
+(the server's journal), `records.sqlite` (the proxy's store), `sessions/<session_id>/`; give each `serve-gateway`
+on one machine its own `--work-dir`. This module parses flags and wires the parts; no logic of its own.
 """
 
 from __future__ import annotations
@@ -28,7 +30,11 @@ log = logging.getLogger(__name__)
 
 
 def _gateway_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--work-dir", default="polar-run", help="run directory (sessions/, runtimes/, proxy store)")
+    p.add_argument(
+        "--work-dir",
+        default="polar-run",
+        help="run directory: sessions/<session_id>/ (agent.log, diff.patch, result.json), runtimes/, records.sqlite",
+    )
     p.add_argument("--init-workers", type=int, default=2)
     p.add_argument("--ready-buffer", type=int, default=2)
     p.add_argument("--run-slots", type=int, default=2)
@@ -69,7 +75,7 @@ def _gateway_config(args: argparse.Namespace, node_id: str, server_url: str | No
         builder_options["eot_token_ids"] = [int(x) for x in args.eot_token_ids.split(",")]
     return GatewayConfig(
         node_id=node_id,
-        work_dir=str(Path(args.work_dir) / "gateways" / node_id),
+        work_dir=args.work_dir,
         init_workers=args.init_workers,
         ready_buffer=args.ready_buffer,
         run_slots=args.run_slots,
@@ -87,7 +93,7 @@ async def _hosted_proxy(args: argparse.Namespace, node_id: str) -> HostedProxy |
 
     cfg = ProxyConfig(
         upstreams=list(args.upstream),
-        store_dir=str(Path(args.work_dir) / "gateways" / node_id / "proxy"),
+        store_dir=args.work_dir,  # records.sqlite in the run directory (DESIGN §3)
         served_model=args.model,
     )
     return await HostedProxy(cfg).start()

@@ -131,7 +131,8 @@ def test_polar_serve_runs_a_task(tmp_path: Path) -> None:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
     assert res.reward == 1.0
-    session_dir = tmp_path / "run" / "gateways" / "node-0" / "sessions" / res.session_id
+    session_dir = tmp_path / "run" / "sessions" / res.session_id
     assert json.loads((session_dir / "result.json").read_text())["session_id"] == res.session_id
     assert (session_dir / "diff.patch").read_text().startswith("diff --git")
     assert proc.returncode == 0
+    assert (tmp_path / "run" / "rollout.sqlite").exists()
