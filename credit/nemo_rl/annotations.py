@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -80,20 +79,11 @@ def from_polar_calls(entries: Sequence[Mapping[str, Any]], n_calls: int, row: in
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# the text route's fallback rules (used only when the CALL-CREDIT core offers no text classifier)
+# the text route: tool calls recovered from decoded generations (roles come from the core's rules)
 
 _HERMES = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.DOTALL)
 _XML_FUNCTION = re.compile(r"<function=([\w.-]+)>(.*?)</function>", re.DOTALL)
 _XML_PARAM = re.compile(r"<parameter=([\w.-]+)>\s*(.*?)\s*</parameter>", re.DOTALL)
-_PATH = re.compile(r"(?<![\w/.-])(/?(?:[\w.-]+/)*[\w-]+\.[A-Za-z]\w{0,5})(?![\w/])")
-
-_READ_TOOLS = {"read", "read_file", "view", "cat", "grep", "glob", "ls", "list_dir", "list_directory", "search"}
-_READ_TOOLS |= {"find", "search_file_content", "read_many_files", "web_fetch", "find_file", "search_dir"}
-_EDIT_TOOLS = {"edit", "write", "write_file", "str_replace", "replace", "apply_patch", "create", "multiedit"}
-_EDIT_TOOLS |= {"str_replace_editor", "insert", "patch", "edit_file", "create_file"}
-_SHELL_TOOLS = {"bash", "shell", "run_shell_command", "exec", "exec_command", "terminal", "execute_bash"}
-_TEST_WORDS = ("pytest", "unittest", "tox", "make test", "npm test", "go test", "cargo test", "nosetests")
-_EDIT_WORDS = ("sed -i", "patch ", "git apply", "tee ", "mv ", "cp ", "rm ", "mkdir ", "touch ", "perl -pi")
 
 
 def parse_tool_calls(text: str) -> list[tuple[str, dict[str, Any]]]:
@@ -122,59 +112,3 @@ _BASH_BLOCK = re.compile(r"```(?:bash|sh|shell)?[ \t]*\n(.*?)```", re.DOTALL)
 def bash_blocks(text: str) -> list[str]:
     """Shell commands in ```bash blocks of a reply without tool calls (mini-swe-agent style)."""
     return [m.strip() for m in _BASH_BLOCK.findall(text)]
-
-
-def _shell_role(command: str) -> str:
-    lowered = " ".join(command.split()).lower()
-    if any(w in lowered for w in _TEST_WORDS):
-        return "RV"
-    try:
-        words = shlex.split(lowered, posix=True)
-    except ValueError:
-        words = lowered.split()
-    if any(w in lowered for w in _EDIT_WORDS) or any(w in (">", ">>") or w.startswith(">") for w in words):
-        return "AE"
-    return "IG"
-
-
-def _role(calls: list[tuple[str, dict[str, Any]]]) -> str:
-    strength = {"OTHER": 0, "IG": 1, "RV": 2, "AE": 3}  # a compound action is labelled by its strongest effect
-    best = "OTHER"
-    for name, args in calls:
-        lowered = name.lower()
-        if lowered in _EDIT_TOOLS:
-            role = "AE"
-        elif lowered in _SHELL_TOOLS:
-            role = _shell_role(str(args.get("command") or args.get("cmd") or args.get("raw") or ""))
-        elif lowered in _READ_TOOLS:
-            role = "IG"
-        else:
-            role = "IG"
-        best = role if strength[role] > strength[best] else best
-    return best
-
-
-def classify_with_rules(calls: Sequence[DecodedCall]) -> list[CallAnnotation]:
-    """Roles from the tool calls in the text; edges i→j when call j's action names a path call i's observation
-    introduced, and AE→RV from every edit to the next verification after it."""
-    parsed = [parse_tool_calls(c.action) or [("bash", {"command": b}) for b in bash_blocks(c.action)] for c in calls]
-    roles = [_role(p) for p in parsed]
-    introduced_by: dict[str, int] = {}
-    parents: list[set[int]] = [set() for _ in calls]
-    for j, call in enumerate(calls):
-        action_text = json.dumps([args for _, args in parsed[j]]) if parsed[j] else call.action
-        for path in set(_PATH.findall(action_text)):
-            i = introduced_by.get(path)
-            if i is not None and i != j:
-                parents[j].add(i)
-        if roles[j] == "RV":
-            for i in range(j - 1, -1, -1):
-                if roles[i] == "RV":
-                    break
-                if roles[i] == "AE":
-                    parents[j].add(i)
-        for path in _PATH.findall(call.observation):
-            introduced_by.setdefault(path, j)
-    return [
-        CallAnnotation(role=r, parents=tuple(sorted(p)), source="decode") for r, p in zip(roles, parents, strict=True)
-    ]

@@ -4,9 +4,7 @@
 The estimator needs three things from the core: its option model (`CallCreditConfig`), the role classifier
 and graph builder for calls recovered by decoding (`classify_calls`, `build_edges` over `Call`/`Action`), and
 the propagation Â_v (`propagation.propagate` over a `CallGraph`). This module adapts NeMo RL rows to those
-APIs. When the core is not importable (it is developed alongside this package) the small fallbacks in
-`annotations.py` / `propagation.py` of this package are used, with the same option names and semantics; the
-estimator's `last_metrics["call_credit/core"]` says which one ran.
+APIs; it holds no CALL-CREDIT rule or formula of its own (the core ships in the same distribution).
 
 Â_τ never comes from the core here: NeMo RL's own GRPO semantics apply (`baseline.py`).
 Does not: import `nemo_rl`.
@@ -17,28 +15,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .annotations import CallAnnotation, DecodedCall, bash_blocks, classify_with_rules, parse_tool_calls
-from .propagation import propagate as fallback_propagate
+from nemo_polar.credit.calls import Action, Call
+from nemo_polar.credit.config import CallCreditConfig
+from nemo_polar.credit.graph import CallGraph, CallNode, Edge, build_edges
+from nemo_polar.credit.propagation import propagate as core_propagate
+from nemo_polar.credit.roles import classify_calls
 
-try:  # the CALL-CREDIT core
-    from nemo_polar.credit.calls import Action, Call
-    from nemo_polar.credit.config import CallCreditConfig
-    from nemo_polar.credit.graph import CallGraph, CallNode, Edge, build_edges
-    from nemo_polar.credit.propagation import propagate as core_propagate
-    from nemo_polar.credit.roles import classify_calls
-
-    HAVE_CORE = True
-except ImportError:  # pragma: no cover - exercised only while the core is absent
-    HAVE_CORE = False
+from .annotations import CallAnnotation, DecodedCall, bash_blocks, parse_tool_calls
 
 
-def validate_core_options(block: dict[str, Any]) -> Any:
-    """The core's `CallCreditConfig` for the core keys of a `call_credit:` block (fallback: checked subset)."""
-    if HAVE_CORE:
-        return CallCreditConfig.model_validate(block)
-    from .propagation import FallbackCallCreditConfig
-
-    return FallbackCallCreditConfig.model_validate(block)
+def validate_core_options(block: dict[str, Any]) -> CallCreditConfig:
+    """The core's `CallCreditConfig` for the core keys of a `call_credit:` block."""
+    return CallCreditConfig.model_validate(block)
 
 
 def _split_observation(observation: str, n: int) -> list[str | None]:
@@ -51,9 +39,7 @@ def _split_observation(observation: str, n: int) -> list[str | None]:
 
 
 def classify_decoded(calls: Sequence[DecodedCall], config: Any, harness: str | None) -> list[CallAnnotation]:
-    """Roles and parents for one row's decoded calls, by the core's rules (fallback: `classify_with_rules`)."""
-    if not HAVE_CORE:
-        return classify_with_rules(calls)
+    """Roles and parents for one row's decoded calls, by the core's rules."""
     core_calls = []
     for k, decoded in enumerate(calls):
         parsed: list[tuple[str | None, dict[str, Any]]] = list(parse_tool_calls(decoded.action))
@@ -83,8 +69,6 @@ def call_credit(
     """Â_v per call of one row (the core's `propagate` on a graph built from the annotations)."""
     if not annotations:
         return []
-    if not HAVE_CORE:
-        return fallback_propagate(adv_tau, annotations, n_tokens, config.propagation)
     nodes = [
         CallNode(
             index=k,

@@ -212,7 +212,6 @@ class CallCreditAdvantageEstimator:
         roles = Counter(a.role for a in calls)
         metrics = {
             "call_credit/alpha": self.alpha,
-            "call_credit/core": 1.0 if core.HAVE_CORE else 0.0,
             "call_credit/calls_per_sample/mean": len(calls) / rows,
             "call_credit/rows_annotated_from_polar_calls": from_column / rows,
             "call_credit/masked_tokens_outside_calls": float(outside),

@@ -108,7 +108,7 @@ class EstimatorOptions(BaseModel):
         return {} if value is None else value  # `call_credit:` with nothing under it in YAML
 
     def core_config(self) -> Any:
-        """The CALL-CREDIT core's `CallCreditConfig` for this block (validated; fallback subset without the core)."""
+        """The CALL-CREDIT core's `CallCreditConfig` for this block (validated)."""
         from .core import validate_core_options
 
         return validate_core_options(self.call_credit.core_block())

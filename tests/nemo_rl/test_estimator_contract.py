@@ -14,7 +14,7 @@ import random
 
 import pytest
 import torch
-from nemo_polar.credit.nemo_rl import CallCreditAdvantageEstimator, core
+from nemo_polar.credit.nemo_rl import CallCreditAdvantageEstimator
 from nemo_polar.credit.nemo_rl.baseline import grpo_sequence_advantages
 from nemo_polar.credit.nemo_rl.layout import LayoutError
 from pydantic import BaseModel, ConfigDict
@@ -111,15 +111,7 @@ def test_contract_shape_dtype_zeros_and_untouched_inputs() -> None:
             assert m_now.keys() == m_then.keys() and torch.equal(m_now["token_ids"], m_then["token_ids"])
 
 
-@pytest.fixture(params=["core", "fallback"])
-def propagation_impl(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run with the CALL-CREDIT core's propagation, and with this package's fallback (same semantics)."""
-    if request.param == "fallback":
-        monkeypatch.setattr(core, "HAVE_CORE", False)
-    return str(request.param)
-
-
-def test_per_segment_values_match_hand_computed_call_credit(propagation_impl: str) -> None:
+def test_per_segment_values_match_hand_computed_call_credit() -> None:
     b = _batch()
     out = _call(CallCreditAdvantageEstimator(_config(0.25), None), b)
     alpha = 0.25
@@ -146,7 +138,7 @@ def test_per_segment_values_match_hand_computed_call_credit(propagation_impl: st
     assert torch.all(out[5] == 0)
 
 
-def test_alpha_one_equals_nemo_rl_grpo_token_advantages(propagation_impl: str) -> None:
+def test_alpha_one_equals_nemo_rl_grpo_token_advantages() -> None:
     b = _batch()
     out = _call(CallCreditAdvantageEstimator(_config(1.0), None), b)
     grpo = reference_grpo(b["prompt_ids"], b["rewards"], b["mask"], leave_one_out=True, normalize=True)
@@ -280,13 +272,8 @@ def _tokenizers() -> list[tuple[str, object]]:
     return out
 
 
-@pytest.mark.parametrize("classifier", ["core", "fallback"])
 @pytest.mark.parametrize("name,tokenizer", _tokenizers(), ids=lambda v: v if isinstance(v, str) else "")
-def test_decode_route_recovers_roles_and_edges(
-    name: str, tokenizer: object, classifier: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    if classifier == "fallback":  # this package's own rules, used while the CALL-CREDIT core is not importable
-        monkeypatch.setattr(core, "HAVE_CORE", False)
+def test_decode_route_recovers_roles_and_edges(name: str, tokenizer: object) -> None:
     encode = tokenizer.encode  # type: ignore[attr-defined]
     prompt: list[int] = []
     items = []
