@@ -15,6 +15,8 @@
 HTTP: `POST /sessions`, `DELETE /sessions/{id}`, `GET /sessions/{id}`, `GET /health`, `GET /metrics`
 (Prometheus text). With `server_url` the node registers with the rollout server and heartbeats the sessions it
 holds (admitted and not yet acknowledged), which is how a restarted server tells running sessions from lost ones.
+Finished results are journalled in `<work_dir>/outbox/` until the server acknowledges them, so a gateway restarted
+on the same work dir and node id re-sends them instead of losing them.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
@@ -142,6 +145,7 @@ class Gateway:
         self._admitting = False
         self._runner: web.AppRunner | None = None
         self._idle = asyncio.Event()  # set while no session is held
+        self._unacked: set[str] = set()  # outboxed results from before a restart, being re-sent
         self._idle.set()
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
@@ -166,6 +170,9 @@ class Gateway:
         for _ in range(c.run_slots):
             self._spawn(self._run_worker())
         if c.server_url:
+            for result in await asyncio.to_thread(self._outbox_load):  # finished before a restart, not yet acked
+                self._unacked.add(result.session_id)
+                self._spawn(self._resend(result))
             self._spawn(self._server_link())
         self._admitting = True
 
@@ -342,6 +349,8 @@ class Gateway:
             return
         job.stage = "done"
         self.finished[result.status] = self.finished.get(result.status, 0) + 1
+        if self.config.server_url:  # journalled until the server acknowledges it: survives a gateway restart
+            await asyncio.to_thread(self._outbox_put, result)
         self._spawn(self._deliver(job, result))
 
     async def _deliver(self, job: Job, result: SessionResult) -> None:
@@ -350,10 +359,44 @@ class Gateway:
                 await self.on_result(result)
             if self.config.server_url:
                 await self._post_result(result)
+                await asyncio.to_thread(self._outbox_drop, result.session_id)
         except Exception:
             log.exception("delivering the result of %s failed", job.session_id)
         finally:
             self._release(job)
+
+    # -- the outbox: finished results not yet acknowledged by the rollout server -----------------------------------
+
+    @property
+    def _outbox(self) -> Path:
+        return Path(self.config.work_dir) / "outbox"
+
+    def _outbox_put(self, result: SessionResult) -> None:
+        self._outbox.mkdir(parents=True, exist_ok=True)
+        tmp = self._outbox / f".{result.session_id}.tmp"
+        tmp.write_bytes(result.to_json(compact=True))
+        os.replace(tmp, self._outbox / f"{result.session_id}.json")
+
+    def _outbox_drop(self, session_id: str) -> None:
+        (self._outbox / f"{session_id}.json").unlink(missing_ok=True)
+
+    def _outbox_load(self) -> list[SessionResult]:
+        if not self._outbox.is_dir():
+            return []
+        out = []
+        for path in sorted(self._outbox.glob("*.json")):
+            try:
+                out.append(SessionResult.from_json(path.read_bytes()))
+            except (ValueError, TypeError) as exc:
+                log.error("unreadable outbox entry %s: %s", path, exc)
+        return out
+
+    async def _resend(self, result: SessionResult) -> None:
+        try:
+            await self._post_result(result)
+            await asyncio.to_thread(self._outbox_drop, result.session_id)
+        finally:
+            self._unacked.discard(result.session_id)
 
     def _release(self, job: Job) -> None:
         if self.jobs.get(job.session_id) is job:
@@ -393,11 +436,15 @@ class Gateway:
             what=f"result of {result.session_id}",
         )
 
+    def _active(self) -> list[str]:
+        """Sessions this node answers for: held jobs and outboxed results not yet acknowledged."""
+        return sorted(set(self.jobs) | self._unacked)
+
     def _hello(self) -> bytes:
         c = self.config
         capacity = c.init_workers + c.ready_buffer + c.run_slots + (c.postrun_workers if c.staged else 0)
         return orjson.dumps(
-            {"node_id": c.node_id, "url": c.public_url, "capacity": capacity, "active": sorted(self.jobs)}
+            {"node_id": c.node_id, "url": c.public_url, "capacity": capacity, "active": self._active()}
         )
 
     async def _server_link(self) -> None:
@@ -410,7 +457,7 @@ class Gateway:
                 else:
                     body = orjson.dumps(
                         {
-                            "active": sorted(self.jobs),
+                            "active": self._active(),
                             "full": self.full(),
                             "retry_after_s": self.config.retry_after_s,
                             "stats": self.stats(),

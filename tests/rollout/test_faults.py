@@ -319,3 +319,70 @@ def test_bad_requests_are_4xx(tmp_path: Path) -> None:
         return out
 
     assert asyncio.run(main()) == [400, 400, 404, 400, 404, 400, 404, 400, 201, 409]
+
+
+def test_gateway_restart_resends_finished_results_from_its_outbox(tmp_path: Path) -> None:
+    """The server is down when a session finishes; the gateway is then stopped (its delivery abandoned) and
+    restarted on the same work dir and node id: the journalled result is re-sent, not re-run."""
+    executed: list[str] = []
+
+    async def count(res: SessionResult) -> None:
+        executed.append(res.session_id)
+
+    async def main() -> tuple[list[SessionResult], list[str]]:
+        server = RolloutServerHandle(tmp_path, free_port())  # a fixed port for both server lives
+        url = await server.start()
+        gw = await start_gateway(tmp_path, url, node_id="n0")
+        gw.on_result = count
+        task = _sim_task("outbox", 1, 1.0)
+        async with PolarClient(url, poll_wait_s=1) as client:
+            await client.submit(task)
+            for _ in range(600):
+                if any(j.stage == "running" for j in gw.jobs.values()):
+                    break
+                await asyncio.sleep(0.02)
+            await server.stop()  # down while the session finishes
+            for _ in range(600):
+                if executed:
+                    break
+                await asyncio.sleep(0.05)
+            assert list((tmp_path / "gw" / "outbox").glob("*.json")), "the finished result was journalled"
+            await gw.close()  # the gateway goes away with the result unacknowledged
+            await server.start()
+            gw2 = await start_gateway(tmp_path, url, node_id="n0")
+            gw2.on_result = count
+            try:
+                results = await asyncio.wait_for(client.collect(task.task_id), timeout=60)
+                for _ in range(100):
+                    if not list((tmp_path / "gw" / "outbox").glob("*.json")):
+                        break
+                    await asyncio.sleep(0.05)
+            finally:
+                await gw2.close()
+                await server.stop()
+        return results, executed
+
+    results, executed = asyncio.run(main())
+    assert [r.sample_index for r in results] == [0] and results[0].session_id.endswith(".a0")
+    assert executed == [results[0].session_id]  # ran once; delivered after the restart
+    assert not list((tmp_path / "gw" / "outbox").glob("*.json"))
+
+
+class RolloutServerHandle:
+    """An in-loop rollout server on a fixed port that can be stopped and started again on the same journal."""
+
+    def __init__(self, tmp: Path, port: int):
+        self.tmp, self.port = tmp, port
+        self.runner: Any = None
+
+    async def start(self) -> str:
+        from nemo_polar.rollout.server import RolloutServer, ServerConfig
+
+        from .helpers import serve
+
+        server = RolloutServer(ServerConfig(journal_path=str(self.tmp / "rollout.sqlite"), node_timeout_s=60))
+        self.runner, url = await serve(server.make_app(), self.port)
+        return url
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
