@@ -136,3 +136,11 @@ def test_polar_serve_runs_a_task(tmp_path: Path) -> None:
     assert (session_dir / "diff.patch").read_text().startswith("diff --git")
     assert proc.returncode == 0
     assert (tmp_path / "run" / "rollout.sqlite").exists()
+
+
+def test_session_budget_counts_from_init(tmp_path: Path) -> None:
+    """INIT that outlasts the session budget: TIMEOUT, masked, no agent run."""
+    slow_init = _task("slowinit", timeout_s=1.5, session={"prepare": [{"kind": "exec", "command": "sleep 30"}]})
+    (res,) = asyncio.run(_run(tmp_path, [slow_init]))
+    assert res.status == "TIMEOUT" and res.metadata["failure"]["kind"] == "init_timeout"
+    assert res.eval is not None and res.eval.mask_sample and "run_s" not in res.timing
