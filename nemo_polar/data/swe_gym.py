@@ -20,7 +20,7 @@ harness and builder) → the one-sample TaskSpec it submits. Pure functions; no 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -105,7 +105,9 @@ def _runtime(row: SweGymRow, kind: RuntimeKind, image_prefix: str) -> dict[str, 
     return {"kind": kind, "isolation": "sandbox", "image": image}
 
 
-def gym_row(row: SweGymRow, *, runtime: RuntimeKind = "docker", image_prefix: str = DEFAULT_IMAGE_PREFIX) -> dict[str, Any]:
+def gym_row(
+    row: SweGymRow, *, runtime: RuntimeKind = "docker", image_prefix: str = DEFAULT_IMAGE_PREFIX
+) -> dict[str, Any]:
     """The `polar_swe` Gym row for one instance (schema: `polar_swe/task_data.py`)."""
     out: dict[str, Any] = {
         "responses_create_params": {"input": [{"role": "user", "content": row.problem_statement}]},
@@ -167,9 +169,7 @@ def convert_row(data: Mapping[str, Any], **options: Any) -> tuple[dict[str, Any]
     return gym_row(row, **gym_opts), task_spec(row, **options)
 
 
-def convert_file(
-    path: str | Path, out_dir: str | Path, **options: Any
-) -> tuple[list[dict[str, Any]], list[TaskSpec]]:
+def convert_file(path: str | Path, out_dir: str | Path, **options: Any) -> tuple[list[dict[str, Any]], list[TaskSpec]]:
     """Convert a JSONL file; write `<out_dir>/gym.jsonl` and `<out_dir>/tasks.jsonl`. Reports every bad row."""
     gym_rows: list[dict[str, Any]] = []
     tasks: list[TaskSpec] = []

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from nemo_polar.data import cli as data_cli
 from nemo_polar.data import SweGymError, convert_file, task_from_gym_row
+from nemo_polar.data import cli as data_cli
 from nemo_polar.rollout import TaskSpec, load_jsonl
 
 SAMPLE = Path(__file__).parent / "data" / "swe_gym_sample.jsonl"
