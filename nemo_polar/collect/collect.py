@@ -1,0 +1,472 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`polar collect`: run tasks × harnesses × samples through the rollout service and write a run directory.
+
+One process hosts what `polar serve` hosts — the rollout server (journal `RUN_DIR/rollout.sqlite`), one gateway
+node (staged pools; work dir `RUN_DIR`, so `sessions/<session_id>/` land there) and its model-API proxy (store
+`RUN_DIR/records.sqlite`) — in front of an upstream: `--upstream URL`, or the embedded vLLM-CPU backend started for
+the run. Tasks go in through `PolarClient`; each `SessionResult` is appended to `trajectories.jsonl` as it
+arrives. At the end `summary.json` is computed and CALL-CREDIT writes `credit.jsonl` (DESIGN §3).
+
+Resuming: a re-run with the same `--out` re-submits the same tasks (idempotent by task_id on the server), reads
+the finished results from the journal, and writes only the ones `trajectories.jsonl` does not have yet. Finished
+sessions are never run again; sessions cut by the interruption are re-dispatched by the server as a new attempt.
+
+This module wires the service together and keeps the run directory; the live display is `progress.py`, the
+numbers `summary.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from nemo_polar.rollout.client import PolarClient, PolarClientError
+from nemo_polar.rollout.spec import TaskSpec, load_jsonl
+from nemo_polar.types import SessionResult
+
+__all__ = [
+    "CollectError",
+    "CollectOptions",
+    "CollectReport",
+    "Upstream",
+    "collect",
+    "example_tasks",
+    "expand_tasks",
+    "load_tasks",
+]
+
+log = logging.getLogger(__name__)
+
+LIVE_PLAN: dict[str, Any] = {"version": 1, "steps": [], "side": "live"}
+NODE_ID = "collect-0"
+
+
+class CollectError(RuntimeError):
+    """The run cannot start or go on (bad tasks, a different task set in RUN_DIR, a harness not installed)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# tasks
+
+
+def example_tasks(
+    names: Sequence[str],
+    *,
+    plans: Sequence[str] = ("live",),
+    harness: str = "pi",
+    agent_timeout_s: float = 300.0,
+    max_turns: int = 12,
+    sampling: dict[str, Any] | None = None,
+) -> list[TaskSpec]:
+    """The shipped example tasks as TaskSpecs: sandboxed repo, `swe_tests` on a fresh runtime, one sample per
+    entry of `plans` (`fix_plan`, `noop_plan` or `live`)."""
+    from nemo_polar import examples
+
+    out = []
+    for name in names:
+        ex = examples.load(name)
+        plan_list = [LIVE_PLAN if p == "live" else getattr(ex, p) for p in plans]
+        out.append(
+            TaskSpec.model_validate(
+                {
+                    "task_id": name,
+                    "instruction": ex.problem_statement,
+                    "num_samples": len(plan_list),
+                    "runtime": {"isolation": "sandbox", "source": f"example:{name}"},
+                    "agent": {
+                        "harness": harness,
+                        "timeout_s": agent_timeout_s,
+                        "options": {"max_turns": max_turns},
+                        "sampling": sampling or {},
+                    },
+                    "evaluator": {
+                        "name": "swe_tests",
+                        "options": {"FAIL_TO_PASS": list(ex.fail_to_pass), "PASS_TO_PASS": list(ex.pass_to_pass)},
+                    },
+                    "plans": plan_list,
+                    "timeout_s": agent_timeout_s + 300.0,
+                    "metadata": {"repo": f"polar-example/{name}", "instance_id": ex.instance_id},
+                    "session": {"refresh_runtime": True},
+                }
+            )
+        )
+    return out
+
+
+def load_tasks(source: str, *, plans: Sequence[str] = ("live",)) -> list[TaskSpec]:
+    """TaskSpecs from a JSONL file, or `example:NAME[,NAME…]` (`example:all` for every shipped example)."""
+    if source.startswith("example:"):
+        from nemo_polar import examples
+
+        names = source[len("example:") :].split(",")
+        if names == ["all"]:
+            names = examples.names()
+        try:
+            return example_tasks(names, plans=plans)
+        except KeyError as exc:
+            raise CollectError(str(exc.args[0])) from exc
+    if not Path(source).is_file():
+        raise CollectError(f"{source}: no such tasks file (a TaskSpec JSONL file, or example:NAME[,NAME…])")
+    return load_jsonl(source)
+
+
+def expand_tasks(
+    tasks: Sequence[TaskSpec],
+    *,
+    harnesses: Sequence[str] = (),
+    samples: int | None = None,
+    builder: str | None = None,
+) -> list[TaskSpec]:
+    """One task per (task, harness): id `<task_id>.<harness>`, `num_samples` = `samples` (plans cycled to fit),
+    builder overridden; `metadata.group_id` defaults to the new id and `metadata.repo` to the original task id."""
+    out = []
+    for t in tasks:
+        for h in harnesses or [t.agent.harness]:
+            data = t.model_dump(mode="json", exclude_none=True)
+            if harnesses:
+                data["task_id"] = f"{t.task_id}.{h}"
+                data["agent"]["harness"] = h
+            n = samples or t.num_samples
+            data["num_samples"] = n
+            if t.plans is not None:
+                data["plans"] = [t.plans[i % len(t.plans)] for i in range(n)]
+            if t.early_stop_after is not None and t.early_stop_after > n:
+                data["early_stop_after"] = n
+            if builder:
+                data["builder"] = {**data.get("builder", {}), "name": builder}
+            md = data.setdefault("metadata", {})
+            md.setdefault("group_id", data["task_id"])
+            md.setdefault("repo", t.task_id)
+            out.append(TaskSpec.model_validate(data))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# options and report
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """The model server behind the proxy. `model_dir` + `eot_token_ids` turn on prefix-preserving generation
+    (the proxy splices the chain's token ids itself: one exact chain per harness session on stock vLLM)."""
+
+    url: str
+    model: str
+    model_dir: str | None = None
+    eot_token_ids: tuple[int, ...] = ()
+
+
+@dataclass(slots=True)
+class CollectOptions:
+    out: Path
+    upstream: Upstream | None = None  # None: start the embedded backend model `embedded_model` for the run
+    embedded_model: str = "tiny-qwen3"
+    run_slots: int = 2
+    init_workers: int = 2
+    ready_buffer: int = 2
+    postrun_workers: int = 2
+    max_attempts: int = 4  # a sample cut by an interruption is re-dispatched; this bounds how often
+    accept_threshold: float = 1.0
+    credit: bool = True
+    check_installed: bool = True
+
+
+@dataclass(slots=True)
+class CollectReport:
+    out: Path
+    total: int
+    finished_before: int  # results already in trajectories.jsonl when this run started
+    new: list[SessionResult] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    credit_summary: dict[str, Any] | None = None
+    credit_error: str | None = None
+    elapsed_s: float = 0.0
+    upstream: Upstream | None = None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the run directory
+
+
+def _check_task_file(out: Path, tasks: Sequence[TaskSpec]) -> None:
+    """Write RUN_DIR/tasks.jsonl, or check that a resumed run asks for the same tasks."""
+    path = out / "tasks.jsonl"
+    body = b"".join(t.to_json() + b"\n" for t in tasks)
+    if path.exists():
+        old = {t.task_id: t for t in load_jsonl(path)}
+        new = {t.task_id: t for t in tasks}
+        if old != new:
+            changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+            raise CollectError(
+                f"{out} holds a run of different tasks ({', '.join(changed[:5])} differ); resume with the same "
+                "arguments or choose a new --out"
+            )
+        return
+    tmp = out / ".tasks.jsonl.tmp"
+    tmp.write_bytes(body)
+    tmp.replace(path)
+
+
+def _finished(out: Path) -> set[str]:
+    """Session ids already in trajectories.jsonl; a torn last line (a kill mid-write) is cut off first."""
+    path = out / "trajectories.jsonl"
+    if not path.exists():
+        return set()
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        keep = data.rfind(b"\n") + 1
+        with open(path, "r+b") as f:
+            f.truncate(keep)
+        data = data[:keep]
+    done = set()
+    for line in data.splitlines():
+        if line.strip():
+            try:
+                done.add(str(orjson.loads(line)["session_id"]))
+            except (orjson.JSONDecodeError, KeyError, TypeError):
+                continue
+    return done
+
+
+class _ResultLog:
+    """Appends SessionResults to trajectories.jsonl, one line each, flushed and fsynced before it counts."""
+
+    def __init__(self, path: Path):
+        self._f = open(path, "ab")  # held for the run, closed in close()
+
+    def append(self, result: SessionResult) -> None:
+        self._f.write(result.to_json(compact=False) + b"\n")
+        self._f.flush()
+        os.fsync(self._f.fileno())
+
+    def close(self) -> None:
+        self._f.close()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the service
+
+
+def _check_harnesses(tasks: Sequence[TaskSpec]) -> None:
+    from nemo_polar.harness_adapters import get_adapter
+    from nemo_polar.harness_adapters.install import status
+
+    missing = []
+    for name in sorted({t.agent.harness for t in tasks} - {"simulation"}):
+        try:
+            adapter = get_adapter(name)
+        except KeyError as exc:
+            raise CollectError(f"unknown harness {name!r}") from exc
+        if adapter.package and not status(adapter).installed:
+            missing.append(name)
+    if missing:
+        raise CollectError(f"harness(es) not installed: {', '.join(missing)}; run `polar harness install NAME`")
+
+
+async def _serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
+
+
+ResultHook = Callable[[SessionResult, int], None]
+
+
+async def _run_service(
+    tasks: Sequence[TaskSpec],
+    opts: CollectOptions,
+    upstream: Upstream | None,
+    done: set[str],
+    on_result: ResultHook,
+    on_stages: Callable[[dict[str, int]], None] | None,
+) -> list[SessionResult]:
+    from nemo_polar.rollout.gateway import Gateway, GatewayConfig
+    from nemo_polar.rollout.proxylink import HostedProxy
+    from nemo_polar.rollout.server import RolloutServer, ServerConfig
+
+    out = opts.out
+    proxy: HostedProxy | None = None
+    if upstream is not None:
+        from nemo_polar.proxy.app import ProxyConfig
+
+        splice = upstream.model_dir is not None and bool(upstream.eot_token_ids)
+        proxy = await HostedProxy(
+            ProxyConfig(
+                upstreams=[upstream.url],
+                store_dir=str(out),
+                served_model=upstream.model,
+                prefix_preserving="splice" if splice else None,
+                model_dir=upstream.model_dir if splice else None,
+                eot_token_ids=list(upstream.eot_token_ids) if splice else None,
+            )
+        ).start()
+    server = RolloutServer(ServerConfig(journal_path=str(out / "rollout.sqlite"), max_attempts=opts.max_attempts))
+    runner, server_url = await _serve_app(server.make_app())
+    builder_options = {"eot_token_ids": list(upstream.eot_token_ids)} if upstream and upstream.eot_token_ids else {}
+    gw = Gateway(
+        GatewayConfig(
+            node_id=NODE_ID,
+            work_dir=str(out),
+            init_workers=opts.init_workers,
+            ready_buffer=opts.ready_buffer,
+            run_slots=opts.run_slots,
+            postrun_workers=opts.postrun_workers,
+            server_url=server_url,
+            heartbeat_s=0.5,
+            model=upstream.model if upstream else "polar",
+            builder_options=builder_options,
+        ),
+        proxy=proxy,
+    )
+    new: list[SessionResult] = []
+    results_log = _ResultLog(out / "trajectories.jsonl")
+    watcher: asyncio.Task[None] | None = None
+    try:
+        await gw.serve()
+        if on_stages is not None:
+            watcher = asyncio.create_task(_watch(gw, on_stages))
+        async with PolarClient(server_url, poll_wait_s=5.0) as client:
+            for t in tasks:
+                try:
+                    await client.submit(t)
+                except PolarClientError as exc:
+                    raise CollectError(f"task {t.task_id}: {exc}") from exc
+
+            async def consume(task: TaskSpec) -> None:
+                async for res in client.results(task.task_id):
+                    if res.session_id in done:
+                        continue
+                    done.add(res.session_id)
+                    results_log.append(res)
+                    new.append(res)
+                    gen = 0
+                    if proxy is not None:
+                        gen = sum(len(r.generation_token_ids) for r in await proxy.records(res.session_id) if r.ok)
+                    on_result(res, gen)
+
+            await asyncio.gather(*(consume(t) for t in tasks))
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+            await asyncio.gather(watcher, return_exceptions=True)
+        results_log.close()
+        await gw.close()  # stops the pools: running agents are killed with their process trees
+        await runner.cleanup()
+        if proxy is not None:
+            await proxy.stop()
+    return new
+
+
+async def _watch(gw: Any, on_stages: Callable[[dict[str, int]], None]) -> None:
+    while True:
+        on_stages({**gw.stage_counts(), "records": gw.work.records_total})
+        await asyncio.sleep(0.5)
+
+
+@contextlib.contextmanager
+def _embedded(model: str) -> Iterator[Upstream]:
+    from nemo_polar.backend import LocalVLLM, is_prepared
+
+    if not is_prepared(model):
+        raise CollectError(f"the embedded backend model {model!r} is not prepared: run `polar backend prepare`")
+    with LocalVLLM(model) as llm:
+        yield Upstream(llm.base_url, llm.model, str(llm.model_dir), tuple(llm.eot_token_ids))
+
+
+async def _main(
+    tasks: Sequence[TaskSpec],
+    opts: CollectOptions,
+    upstream: Upstream | None,
+    done: set[str],
+    on_result: ResultHook,
+    on_stages: Callable[[dict[str, int]], None] | None,
+) -> list[SessionResult]:
+    # SIGTERM ends the run like Ctrl-C does: cancel, kill the agents, close the stores; re-run to resume
+    me = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    if me is not None:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.add_signal_handler(signal.SIGTERM, me.cancel)
+    try:
+        return await _run_service(tasks, opts, upstream, done, on_result, on_stages)
+    finally:
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            loop.remove_signal_handler(signal.SIGTERM)
+
+
+def collect(
+    tasks: Sequence[TaskSpec],
+    opts: CollectOptions,
+    *,
+    on_start: Callable[[int, int], None] | None = None,
+    on_result: ResultHook | None = None,
+    on_stages: Callable[[dict[str, int]], None] | None = None,
+) -> CollectReport:
+    """Run (or resume) the collection; blocking. Raises `CollectError`, or `KeyboardInterrupt` /
+    `asyncio.CancelledError` when interrupted (the run directory stays resumable)."""
+    t0 = time.monotonic()
+    out = opts.out
+    out.mkdir(parents=True, exist_ok=True)
+    if not tasks:
+        raise CollectError("no tasks")
+    _check_task_file(out, tasks)
+    done = _finished(out)
+    total = sum(t.num_samples for t in tasks)
+    report = CollectReport(out=out, total=total, finished_before=len(done))
+    if on_start is not None:
+        on_start(total, len(done))
+    if len(done) < total:
+        if opts.check_installed:
+            _check_harnesses(tasks)
+        needs_model = any(t.agent.harness != "simulation" for t in tasks)
+
+        def run(up: Upstream | None) -> list[SessionResult]:
+            report.upstream = up
+            return asyncio.run(_main(tasks, opts, up, done, on_result or (lambda r, g: None), on_stages))
+
+        if opts.upstream is not None or not needs_model:
+            report.new = run(opts.upstream)
+        else:
+            with _embedded(opts.embedded_model) as up:
+                report.new = run(up)
+    report.summary = finalize(out, opts, report)
+    report.elapsed_s = time.monotonic() - t0
+    return report
+
+
+def finalize(out: Path, opts: CollectOptions, report: CollectReport) -> dict[str, Any]:
+    """summary.json, then CALL-CREDIT's credit.jsonl (a credit failure is reported, never fatal)."""
+    from nemo_polar.collect.summary import write_summary
+
+    extra: dict[str, Any] = {"run_dir": str(out.resolve()), "tasks": report.total}
+    prev = out / "summary.json"
+    if report.upstream is not None:
+        up = report.upstream
+        extra["model"] = {"url": up.url, "name": up.model, "model_dir": up.model_dir}
+    elif prev.exists():  # a resumed run that had nothing left to do keeps what the first run knew
+        with contextlib.suppress(ValueError, OSError):
+            old = orjson.loads(prev.read_bytes())
+            if isinstance(old, dict) and "model" in old:
+                extra["model"] = old["model"]
+    summary = write_summary(out, accept_threshold=opts.accept_threshold, extra=extra)
+    if opts.credit and summary["total"]["attempts"]:
+        try:
+            from nemo_polar.credit.runio import credit_run_dir
+
+            report.credit_summary = credit_run_dir(out).summary()
+        except Exception as exc:  # the data is collected either way; credit can be re-run with `polar credit`
+            log.exception("CALL-CREDIT failed on %s", out)
+            report.credit_error = f"{type(exc).__name__}: {exc}"
+    return summary
