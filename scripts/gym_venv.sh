@@ -44,7 +44,13 @@ if [ ! -f "$VENV/.complete" ]; then
   quiet "$VENV/bin/python" -m pip install -q --upgrade pip >&2
   # torch alone first, so the CPU wheel is the one taken
   quiet "$VENV/bin/python" -m pip install -q "$(pin torch)" >&2
-  quiet "$VENV/bin/python" -m pip install -q --ignore-requires-python "${GYM_PINS[@]}" "${EXTRA_PINS[@]}" >&2
+  # nemo-gym itself past its Requires-Python; its dependencies resolved normally, so pip picks releases that
+  # support this Python (with --ignore-requires-python for everything it would take e.g. contourpy 1.4 and fail)
+  quiet "$VENV/bin/python" -m pip install -q --no-deps --ignore-requires-python "${GYM_PINS[0]}" >&2
+  mapfile -t GYM_DEPS < <("$VENV/bin/python" -c \
+    'import importlib.metadata as m; print("\n".join(r for r in m.requires("nemo-gym") if "extra ==" not in r))')
+  quiet "$VENV/bin/python" -m pip install -q "${GYM_DEPS[@]}" "${GYM_PINS[@]:1}" "${EXTRA_PINS[@]}" >&2
+  "$VENV/bin/python" -m pip check >&2 || true  # nemo-gym's Requires-Python is reported here, knowingly
   touch "$VENV/.complete"
 else
   echo "[gym-venv] reusing $VENV" >&2

@@ -1,0 +1,255 @@
+# SPDX-License-Identifier: Apache-2.0
+"""`polar_swe`: a NeMo Gym resources server that hosts a Polar gateway and verifies SWE tasks with `swe_tests`.
+
+Gym endpoints: `POST /seed_session` (starts the hosted Polar stack once — proxy, gateway, rollout server — and
+returns where the agent submits its task), `POST /verify` (the agent's diff applied to a FRESH runtime of the task
+repo, exactly the FAIL_TO_PASS / PASS_TO_PASS tests run; reward = resolved; infrastructure failures set
+`mask_sample` and a `failure_kind`), `POST /close_session`, `POST /aggregate_metrics`, `GET /reverify_mode`.
+Polar endpoints: `GET /polar/status`, `GET /polar/sessions/{session_id}` (the session's diff and its proxy
+records, for the agent's conversion). The stack itself is `polar_stack.py`; `VERIFIER_FIXTURE` exercises `verify`
+without a server (`tests/verifier_cases.jsonl`). This module does not run agents.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, HTTPException
+from nemo_gym.base_resources_server import (
+    BaseResourcesServerConfig,
+    BaseSeedSessionRequest,
+    BaseSeedSessionResponse,
+    BaseVerifyRequest,
+    BaseVerifyResponse,
+    ResourcesCloseSessionRequest,
+    ResourcesCloseSessionResponse,
+    ResourcesSeedSessionRequest,
+    ResourcesSeedSessionResponse,
+    SimpleResourcesServer,
+)
+from nemo_gym.verifier_fixture import VerifierFixture
+from pydantic import ConfigDict, Field, PrivateAttr
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # siblings, however Gym or a test imports this file
+from polar_stack import PolarStack, StackConfig, UpstreamMismatch
+
+from nemo_polar.evaluators import EvalContext, run_evaluator
+from nemo_polar.evaluators.base import failure
+from nemo_polar.rollout.runtime import Runtime, RuntimeSetupError, create_runtime
+from nemo_polar.rollout.spec import RuntimeSpec
+from nemo_polar.types import EvalResult
+
+# swe_tests failure kinds that measure the policy (kept for training); every other kind is infrastructure
+_POLICY_FAILURES = frozenset({"patch_apply_failed", "test_timeout"})
+
+
+class PolarSweResourcesServerConfig(BaseResourcesServerConfig):
+    work_dir: str | None = Field(default=None, description="run directory (default: the cache dir, per process)")
+    upstream_urls: list[str] = Field(default_factory=list, description="vLLM base URLs; empty: from the first seed")
+    served_model: str | None = None
+    prefix_preserving: str | None = Field(default=None, description="None | splice (stock vLLM) | nemo_rl")
+    model_dir: str | None = Field(default=None, description="model directory (tokenizer + chat template) for splice")
+    eot_token_ids: list[int] | None = None
+    sampling: dict[str, Any] = Field(default_factory=dict, description="sampling the proxy enforces")
+    init_workers: int = 2
+    ready_buffer: int = 2
+    run_slots: int = 2
+    postrun_workers: int = 2
+    verify_timeout_s: float = 600.0
+
+
+class PolarSweSeedSessionRequest(BaseSeedSessionRequest):
+    """The agent's seed: the Gym row plus where the proxy's upstream is (extra row keys are ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    upstream_url: str | None = None
+    model: str | None = None
+
+
+class PolarSweSeedSessionResponse(BaseSeedSessionResponse):
+    rollout_url: str
+    proxy_url: str
+    served_model: str | None = None
+
+
+class PolarSweVerifyRequest(BaseVerifyRequest):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    instance_id: str
+    runtime: dict[str, Any]
+    FAIL_TO_PASS: list[str] = Field(min_length=1)
+    PASS_TO_PASS: list[str] = Field(default_factory=list)
+    diff: str
+
+
+class PolarSweVerifyResponse(BaseVerifyResponse):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+
+    resolved: bool = False
+    fail_to_pass_rate: float = 0.0
+    pass_to_pass_rate: float = 0.0
+
+
+def _default_work_dir(name: str) -> str:
+    cache = Path(os.environ.get("POLAR_CACHE_DIR") or Path.home() / ".cache" / "nemo-polar")
+    return str(cache / "run" / "gym" / f"{name or 'polar_swe'}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
+
+
+class PolarSweVerifier:
+    """`verify` alone (what VERIFIER_FIXTURE exercises): swe_tests on a fresh runtime under `runtimes_dir`."""
+
+    def verify_timeout_s(self) -> float:
+        return 600.0
+
+    def runtimes_dir(self) -> Path:
+        return Path(tempfile.gettempdir()) / "polar_swe-verify"
+
+    async def verify(self, body: PolarSweVerifyRequest) -> PolarSweVerifyResponse:
+        ev = await self._evaluate(body)
+        kind = ev.failure_kind
+        return PolarSweVerifyResponse(
+            **body.model_dump(),
+            reward=float(ev.reward),
+            resolved=ev.resolved,
+            mask_sample=ev.mask_sample,
+            failure_kind=None if kind is None else f"polar_swe:{kind}",
+            failure_reason=ev.failure_reason,
+            fail_to_pass_rate=float(ev.metrics.get("fail_to_pass_rate", 0.0)),
+            pass_to_pass_rate=float(ev.metrics.get("pass_to_pass_rate", 0.0)),
+        )
+
+    async def _evaluate(self, body: PolarSweVerifyRequest) -> EvalResult:
+        try:
+            spec = RuntimeSpec.model_validate(body.runtime)
+        except ValueError as exc:
+            return failure("runtime_invalid", str(exc), mask_sample=True)
+        root = self.runtimes_dir() / f"{body.instance_id}-{uuid.uuid4().hex[:12]}"
+        made: list[Runtime] = []
+
+        async def fresh() -> Runtime:
+            rt = await create_runtime(f"verify-{body.instance_id}", spec, root / f"fresh{len(made)}")
+            made.append(rt)
+            return rt
+
+        ctx = EvalContext(
+            task_id=body.instance_id,
+            sample_index=0,
+            instruction="",
+            options={"FAIL_TO_PASS": body.FAIL_TO_PASS, "PASS_TO_PASS": body.PASS_TO_PASS},
+            status="COMPLETED",
+            diff=body.diff,
+            session_dir=root,
+            fresh_runtime=fresh,
+        )
+        try:
+            ev = await run_evaluator("swe_tests", ctx, timeout_s=self.verify_timeout_s())
+        except RuntimeSetupError as exc:  # pragma: no cover - run_evaluator contains evaluator errors
+            ev = failure("runtime_unavailable", str(exc), mask_sample=True)
+        finally:
+            for rt in made:
+                await rt.destroy()
+        if ev.failure_kind is not None and ev.failure_kind not in _POLICY_FAILURES:
+            ev.mask_sample = True
+        return ev
+
+
+class PolarSweResourcesServer(PolarSweVerifier, SimpleResourcesServer):
+    config: PolarSweResourcesServerConfig
+    _stack: PolarStack | None = PrivateAttr(default=None)
+    _closed: set[str] = PrivateAttr(default_factory=set)
+
+    @property
+    def stack(self) -> PolarStack:
+        if self._stack is None:
+            c = self.config
+            self._stack = PolarStack(
+                StackConfig(
+                    work_dir=c.work_dir or _default_work_dir(c.name),
+                    upstream_urls=list(c.upstream_urls),
+                    served_model=c.served_model,
+                    prefix_preserving=c.prefix_preserving,
+                    model_dir=c.model_dir,
+                    eot_token_ids=c.eot_token_ids,
+                    sampling=dict(c.sampling),
+                    init_workers=c.init_workers,
+                    ready_buffer=c.ready_buffer,
+                    run_slots=c.run_slots,
+                    postrun_workers=c.postrun_workers,
+                )
+            )
+        return self._stack
+
+    def verify_timeout_s(self) -> float:
+        return self.config.verify_timeout_s
+
+    def runtimes_dir(self) -> Path:
+        return Path(self.stack.config.work_dir) / "verify"
+
+    def setup_webserver(self) -> FastAPI:
+        app = super().setup_webserver()
+        app.get("/polar/status")(self.polar_status)
+        app.get("/polar/sessions/{session_id}")(self.polar_session)
+        inner = app.router.lifespan_context
+
+        @asynccontextmanager
+        async def lifespan(app: FastAPI) -> AsyncIterator[Any]:
+            if self.config.upstream_urls:  # configured upstream: up before the first request
+                await self.stack.ensure()
+            async with inner(app) as state:
+                try:
+                    yield state
+                finally:
+                    await self.stack.stop()
+
+        app.router.lifespan_context = lifespan
+        return app
+
+    async def seed_session(
+        self, body: ResourcesSeedSessionRequest | PolarSweSeedSessionRequest
+    ) -> ResourcesSeedSessionResponse | PolarSweSeedSessionResponse:
+        if isinstance(body, ResourcesSeedSessionRequest):  # an Environment Server seeding: no per-session state
+            if body.resources_session_id in self._closed:
+                raise HTTPException(409, f"resources session {body.resources_session_id!r} is closed")
+            return ResourcesSeedSessionResponse(resources_session_id=body.resources_session_id)
+        try:
+            await self.stack.ensure(body.upstream_url, body.model)
+        except UpstreamMismatch as exc:
+            raise HTTPException(409, str(exc)) from exc
+        s = self.stack
+        return PolarSweSeedSessionResponse(
+            rollout_url=s.rollout_url, proxy_url=s.proxy_url, served_model=s.config.served_model
+        )
+
+    async def close_resources_session(self, body: ResourcesCloseSessionRequest) -> ResourcesCloseSessionResponse:
+        self._closed.add(body.resources_session_id)
+        return ResourcesCloseSessionResponse(resources_session_id=body.resources_session_id)
+
+    async def polar_status(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), **self.stack.status()}
+
+    async def polar_session(self, session_id: str) -> dict[str, Any]:
+        diff = self.stack.diff(session_id)
+        if diff is None:
+            raise HTTPException(404, f"no finished session {session_id!r} here")
+        records = await self.stack.records(session_id)
+        return {"session_id": session_id, "diff": diff, "records": [r.to_dict() for r in records]}
+
+
+VERIFIER_FIXTURE = VerifierFixture(
+    server_factory=PolarSweVerifier,
+    request_model=PolarSweVerifyRequest,
+    cases_path=Path(__file__).parent / "tests" / "verifier_cases.jsonl",
+)
+
+
+if __name__ == "__main__":
+    PolarSweResourcesServer.run_webserver()
