@@ -31,6 +31,7 @@ import orjson
 from nemo_polar.proxy.normalized import ChatResult, ProviderError, ToolCall
 
 EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
+MAX_TOKENS_LIMIT = 2**31 - 1  # token counts beyond int32 are a client mistake, not an engine error
 
 # ---------------------------------------------------------------------------------------------- validation
 
@@ -117,6 +118,8 @@ def opt_int(d: dict[str, Any], key: str, path: str, *, lo: int | None = None, hi
         v = int(v)
     if isinstance(v, bool) or not isinstance(v, int):
         _wrong(path, "an integer", v)
+    if not -(2**63) <= v < 2**63:
+        bad(f"{path}: {v} is out of the 64-bit integer range", param=path)
     if lo is not None and v < lo:
         bad(f"{path}: must be >= {lo}, got {v}", param=path)
     if hi is not None and v > hi:

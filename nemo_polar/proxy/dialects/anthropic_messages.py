@@ -14,6 +14,7 @@ import json
 from typing import Any
 
 from nemo_polar.proxy.dialects._common import (
+    MAX_TOKENS_LIMIT,
     CallIds,
     Catchup,
     UniqueIds,
@@ -66,7 +67,7 @@ def parse_request(body: bytes | dict[str, Any], route: RouteMatch) -> ChatReques
     d = load_body(body)
     model = req_str(d, "model", "model", nonempty=True)
     counting = route.name == "count_tokens"
-    max_tokens = opt_int(d, "max_tokens", "max_tokens", lo=1)
+    max_tokens = opt_int(d, "max_tokens", "max_tokens", lo=1, hi=MAX_TOKENS_LIMIT)
     if max_tokens is None and not counting:
         bad("max_tokens: field required", param="max_tokens")
     raw_messages = opt_list(d, "messages", "messages", required=True)
@@ -309,7 +310,7 @@ def _thinking(d: dict[str, Any], extra: dict[str, Any]) -> bool | None:
     kind = t.get("type")
     if kind not in ("enabled", "disabled", "adaptive"):
         bad(f"thinking.type: must be enabled, disabled or adaptive; got {kind!r}", param="thinking.type")
-    opt_int(t, "budget_tokens", "thinking.budget_tokens", lo=0)
+    opt_int(t, "budget_tokens", "thinking.budget_tokens", lo=0, hi=MAX_TOKENS_LIMIT)
     extra["thinking"] = t
     return kind != "disabled"
 

@@ -20,6 +20,7 @@ import re
 from typing import Any
 
 from nemo_polar.proxy.dialects._common import (
+    MAX_TOKENS_LIMIT,
     CallIds,
     Catchup,
     UniqueIds,
@@ -110,7 +111,7 @@ def parse_request(body: bytes | dict[str, Any], route: RouteMatch) -> ChatReques
     if streaming:
         extra["stream_format"] = "sse" if route.query.get("alt") == "sse" else "json_array"
     sampling = Sampling(
-        max_tokens=opt_int(gc, "maxOutputTokens", "generationConfig.maxOutputTokens", lo=1),
+        max_tokens=opt_int(gc, "maxOutputTokens", "generationConfig.maxOutputTokens", lo=1, hi=MAX_TOKENS_LIMIT),
         temperature=opt_num(gc, "temperature", "generationConfig.temperature", lo=0.0, hi=2.0),
         top_p=opt_num(gc, "topP", "generationConfig.topP", lo=0.0, hi=1.0),
         top_k=opt_int(gc, "topK", "generationConfig.topK", lo=0),

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_polar.proxy.dialects._common import (
+    MAX_TOKENS_LIMIT,
     CallIds,
     Catchup,
     UniqueIds,
@@ -87,8 +88,8 @@ def parse_request(body: bytes | dict[str, Any], route: RouteMatch) -> ChatReques
     ptc = opt_bool(d, "parallel_tool_calls", "parallel_tool_calls")
     if ptc is not None:
         extra["parallel_tool_calls"] = ptc
-    max_tokens = opt_int(d, "max_completion_tokens", "max_completion_tokens", lo=1)
-    legacy_max = opt_int(d, "max_tokens", "max_tokens", lo=1)
+    max_tokens = opt_int(d, "max_completion_tokens", "max_completion_tokens", lo=1, hi=MAX_TOKENS_LIMIT)
+    legacy_max = opt_int(d, "max_tokens", "max_tokens", lo=1, hi=MAX_TOKENS_LIMIT)
     sampling = Sampling(
         max_tokens=max_tokens if max_tokens is not None else legacy_max,
         temperature=opt_num(d, "temperature", "temperature", lo=0.0, hi=2.0),

@@ -19,6 +19,7 @@ import json
 from typing import Any
 
 from nemo_polar.proxy.dialects._common import (
+    MAX_TOKENS_LIMIT,
     CallIds,
     Catchup,
     UniqueIds,
@@ -124,7 +125,7 @@ def parse_request(body: bytes | dict[str, Any], route: RouteMatch) -> ChatReques
     if ptc is not None:
         extra["parallel_tool_calls"] = ptc
     sampling = Sampling(
-        max_tokens=opt_int(d, "max_output_tokens", "max_output_tokens", lo=1),
+        max_tokens=opt_int(d, "max_output_tokens", "max_output_tokens", lo=1, hi=MAX_TOKENS_LIMIT),
         temperature=opt_num(d, "temperature", "temperature", lo=0.0, hi=2.0),
         top_p=opt_num(d, "top_p", "top_p", lo=0.0, hi=1.0),
     )
