@@ -97,6 +97,8 @@ class PolarSweVerifyResponse(BaseVerifyResponse):
     resolved: bool = False
     fail_to_pass_rate: float = 0.0
     pass_to_pass_rate: float = 0.0
+    test_outcomes: dict[str, str] = Field(default_factory=dict, description="node id -> PASSED / FAILED / ...")
+    empty_patch: bool = False
 
 
 def _default_work_dir(name: str) -> str:
@@ -125,6 +127,8 @@ class PolarSweVerifier:
             failure_reason=ev.failure_reason,
             fail_to_pass_rate=float(ev.metrics.get("fail_to_pass_rate", 0.0)),
             pass_to_pass_rate=float(ev.metrics.get("pass_to_pass_rate", 0.0)),
+            test_outcomes={**ev.details.get("FAIL_TO_PASS", {}), **ev.details.get("PASS_TO_PASS", {})},
+            empty_patch=bool(ev.details.get("empty_patch", False)),
         )
 
     async def _evaluate(self, body: PolarSweVerifyRequest) -> EvalResult:
