@@ -117,7 +117,7 @@ def parse_request(body: bytes | dict[str, Any], route: RouteMatch) -> ChatReques
 
 
 def _is_billing_header(text: str) -> bool:
-    return text.lstrip().startswith(BILLING_HEADER_PREFIX)
+    return text[: len(BILLING_HEADER_PREFIX) + 64].lstrip().startswith(BILLING_HEADER_PREFIX)
 
 
 def _system(v: Any, extra: dict[str, Any], where: str = "system") -> list[str]:

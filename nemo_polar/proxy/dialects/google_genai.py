@@ -3,7 +3,8 @@
 (`?alt=sse`, or a streamed JSON array without it) and `:countTokens`.
 
 Parses a GenerateContent request into the OpenAI-Chat `ChatRequest`: `systemInstruction` → the system message;
-`contents` with role user/model; text parts (`thought: true` → `reasoning_content`), inline/file data → image parts;
+`contents` with role user/model; text parts (`thought: true` → `reasoning_content`; a model turn's parts are
+concatenated as generated, a user turn's joined like any part array), inline/file data → image parts;
 `functionCall` / `functionResponse` parts → tool calls / tool messages with canonical ids (calls and responses
 without `id`, as Pi sends them, are paired by name and position within the turn); `thoughtSignature`s kept in
 `extra`; tools from `functionDeclarations` (`parametersJsonSchema`, or OpenAPI-style `parameters` with its upper-case
@@ -199,7 +200,9 @@ class _Contents:
             bad(f"{path}.role: must be 'user' or 'model', got {role!r}", param=f"{path}.role")
 
     def _model(self, parts: list[dict[str, Any]], path: str) -> None:
-        texts: list[dict[str, Any]] = []
+        # A streamed turn comes back as many parts (Gemini CLI merges adjacent text parts but keeps every thought
+        # chunk as its own part): the model's output is their concatenation, so they are joined with "".
+        texts: list[str] = []
         reasoning: list[str] = []
         calls: list[dict[str, Any]] = []
         self._open_calls = []
@@ -210,7 +213,7 @@ class _Contents:
                 if opt_bool(p, "thought", f"{ppath}.thought"):
                     reasoning.append(text)
                 else:
-                    texts.append(text_part(text))
+                    texts.append(text)
             elif "functionCall" in p:
                 fc = _obj(p["functionCall"], f"{ppath}.functionCall")
                 name = check_tool_name(fc.get("name"), f"{ppath}.functionCall.name")
@@ -224,7 +227,7 @@ class _Contents:
                 continue
             else:
                 bad(f"{ppath}: unsupported part in a model content (keys {sorted(p)})", param=ppath)
-        self.out.append(assistant_message(collapse_parts(texts), calls, "\n".join(reasoning) if reasoning else None))
+        self.out.append(assistant_message("".join(texts), calls, "".join(reasoning) if reasoning else None))
 
     def _pair(self, rid: str | None, name: str) -> str:
         """The canonical id a functionResponse answers: by id, else the first open call with its name."""

@@ -270,7 +270,11 @@ class _Items:
             self.out.append({"role": "user", "content": content})
         elif role == "assistant":
             self._pending = True
-            self._parts.extend([text_part(content)] if isinstance(content, str) else content)
+            if isinstance(content, str):
+                if content:
+                    self._parts.append(text_part(content))
+            else:
+                self._parts.extend(content)
         else:
             bad(f"{path}.role: must be user, assistant, system or developer; got {role!r}", param=f"{path}.role")
 

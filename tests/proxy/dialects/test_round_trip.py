@@ -172,3 +172,38 @@ def test_canonical_ids_are_stable_as_history_grows() -> None:
     ).messages
     assert m2[: len(m1)] == m1
     assert m2[-1]["tool_calls"][0]["id"] == "call_1"
+
+
+def test_gemini_cli_history_of_a_streamed_turn_rebuilds_the_generated_text() -> None:
+    """Gemini CLI keeps each streamed thought chunk as its own part and merges adjacent text parts: the normal
+    form must still be exactly what the model generated (no separators inserted between chunks)."""
+    from ._sdk import render_stream, sse_events
+
+    result = ChatResult(
+        content="Line one.\nLine two.",
+        reasoning="First I think. Then I act.",
+        tool_calls=[ToolCall("c", "bash", '{"command": "ls"}')],
+        finish_reason="tool_calls",
+    )
+    route = RouteMatch("stream_generate_content", {"model": "g"}, {"alt": "sse"})
+    user = {"role": "user", "parts": [{"text": "go"}]}
+    req = google_genai.parse_request({"contents": [user]}, route)
+    chunks = [json.loads(d) for _, d in sse_events(render_stream(google_genai, req, result))]
+    parts: list[dict[str, Any]] = []
+    for chunk in chunks:  # what Gemini CLI's history keeps (consolidation of adjacent non-thought text parts)
+        for p in chunk["candidates"][0]["content"]["parts"]:
+            last = parts[-1] if parts else None
+            plain = "text" in p and not p.get("thought")
+            if last is not None and plain and "text" in last and not last.get("thought"):
+                last["text"] += p["text"]
+            elif p != {"text": ""}:
+                parts.append(dict(p))
+    assert sum(1 for p in parts if p.get("thought")) > 1  # thoughts stayed split
+    history = [user, {"role": "model", "parts": parts}]
+    history.append(
+        {"role": "user", "parts": [{"functionResponse": {"id": "c", "name": "bash", "response": {"output": "x"}}}]}
+    )
+    msgs = google_genai.parse_request({"contents": history}, route).messages
+    assert msgs[1]["content"] == result.content
+    assert msgs[1]["reasoning_content"] == result.reasoning
+    assert msgs[2] == {"role": "tool", "tool_call_id": "call_0", "name": "bash", "content": "x"}
