@@ -198,11 +198,13 @@ def schema_dict(v: Any, path: str) -> dict[str, Any]:
 
 _ENCODE = json.JSONEncoder(ensure_ascii=False).encode
 _CANONICAL: dict[bytes | str, str] = {}  # a session resends its whole history every turn: memoise
-_CANONICAL_MAX = 16384
+_CANONICAL_BUDGET = 32 * 2**20  # characters kept (keys + values); the memo is cleared when it is exceeded
+_canonical_size = 0
 
 
 def canonical_arguments(v: Any) -> str:
     """Arguments as canonical JSON text: objects re-serialised, other text kept as produced."""
+    global _canonical_size
     try:
         key: bytes | str = v if isinstance(v, str) else orjson.dumps(v)
     except (TypeError, orjson.JSONEncodeError):
@@ -211,9 +213,13 @@ def canonical_arguments(v: Any) -> str:
         return hit
     out = _canonical(v)
     if key:
-        if len(_CANONICAL) >= _CANONICAL_MAX:
+        size = len(key) + len(out)
+        if _canonical_size + size > _CANONICAL_BUDGET:
             _CANONICAL.clear()
-        _CANONICAL[key] = out
+            _canonical_size = 0
+        if size <= _CANONICAL_BUDGET // 64:
+            _CANONICAL[key] = out
+            _canonical_size += size
     return out
 
 

@@ -417,3 +417,24 @@ def test_normalized_dict_is_the_record_request() -> None:
     d = req.normalized_dict()
     assert d["tools"][0]["function"] == {"name": "f", "parameters": {"type": "object", "properties": {}}}
     assert d["sampling"] == {"temperature": 0.1} and d["tool_choice"] == "auto"
+
+
+def test_canonical_arguments() -> None:
+    from nemo_polar.proxy.dialects import _common
+
+    cases = [
+        ('{"b":1,"a":"é"}', '{"b": 1, "a": "é"}'),  # key order kept, unicode unescaped, spaced like tojson
+        ({"b": 1, "a": "é"}, '{"b": 1, "a": "é"}'),
+        ("not json", "not json"),
+        ("[1,2]", "[1,2]"),  # not an object: kept as produced
+        ("", ""),
+        ({"big": 2**70}, '{"big": 1180591620717411303424}'),  # orjson cannot key it: computed without the memo
+    ]
+    for _ in range(2):  # second round answers from the memo
+        for given, want in cases:
+            assert _common.canonical_arguments(given) == want
+    _common._CANONICAL.clear()
+    _common._canonical_size = 0
+    big = {"content": "x" * (_common._CANONICAL_BUDGET // 32)}
+    assert _common.canonical_arguments(big).startswith('{"content": "xxx')
+    assert _common._CANONICAL == {}  # too large to keep
