@@ -32,11 +32,12 @@ def register(subparsers: Any) -> None:
     p.add_argument("--fidelity", choices=["exact", "canonical"], default="exact")
     p.add_argument(
         "--eot",
-        type=int,
+        type=_terminator,
         nargs="+",
-        action="append",
         default=None,
-        help="end-of-turn token ids of ONE terminator (repeat the flag for alternatives), from the tokenizer",
+        metavar="ID[,ID...]",
+        help="end-of-turn terminators from the tokenizer: each item ends a turn on its own (e.g. 151645 151643); "
+        "a multi-token terminator is comma-joined (e.g. 7,8)",
     )
     p.add_argument("--side-calls", choices=["keep", "mask", "drop"], default="mask")
     p.add_argument("--forced-policy", choices=["mask", "keep"], default="mask")
@@ -44,6 +45,14 @@ def register(subparsers: Any) -> None:
     p.add_argument("--format", choices=["jsonl", "gym", "message_log"], default="jsonl")
     p.add_argument("-o", "--output", type=Path, default=None, help="output file (default: stdout)")
     p.set_defaults(func=_run)
+
+
+def _terminator(text: str) -> int | list[int]:
+    try:
+        ids = [int(x) for x in text.split(",")]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a token id list: {text!r}") from exc
+    return ids[0] if len(ids) == 1 else ids
 
 
 def _read(path: Path) -> dict[str, list[CompletionRecord]]:
@@ -73,7 +82,7 @@ def _run(args: argparse.Namespace) -> int:
                     recs,
                     args.builder,
                     fidelity=args.fidelity,
-                    eot_token_ids=[tuple(t) for t in args.eot] if args.eot else (),
+                    eot_token_ids=args.eot or (),
                     side_calls=args.side_calls,
                     forced_policy=args.forced_policy,
                     reward=args.reward,

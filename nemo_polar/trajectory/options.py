@@ -26,10 +26,11 @@ class BuildOptions(BaseModel):
     """Options shared by all builders (unknown keys are rejected).
 
     Attributes:
-        eot_token_ids: the end-of-turn terminator as token ids, from the tokenizer or the engine (never guessed).
-            A flat list is ONE terminator, possibly multi-token (`[im_end]`, or `[end, newline]`); a list of
-            lists gives alternative terminators (e.g. Llama's `<|eot_id|>` and `<|eom_id|>`). Required by
-            `fidelity="canonical"` (the splice point); used in `exact` mode only to fingerprint system turns.
+        eot_token_ids: the end-of-turn terminators, from the tokenizer or the engine (never guessed). Each item
+            is one terminator that ends a turn on its own: an int for a single-token one (so a flat list such as
+            the backend's `[<|im_end|>, <|endoftext|>]` lists alternatives, like vLLM's `stop_token_ids`), or
+            a list of ints for a multi-token one (`[[end, newline]]`). Required by `fidelity="canonical"` (the
+            splice point); used in `exact` mode only to fingerprint system turns.
         fidelity: `exact` (default): a record extends a chain only if the chain's whole stitched sequence is a
             token prefix of its prompt. `canonical` (opt-in, lossy): the previous prompt is a prefix and the
             sampled turn replaces the template's re-rendering up to the terminator; deviations are counted.
@@ -68,12 +69,7 @@ class BuildOptions(BaseModel):
             return ()
         if isinstance(value, int):
             return ((value,),)
-        items = list(value)
-        if not items:
-            return ()
-        if all(isinstance(v, int) and not isinstance(v, bool) for v in items):
-            return (tuple(items),)
-        return tuple(tuple(v) if not isinstance(v, int) else (v,) for v in items)
+        return tuple((v,) if isinstance(v, int) else tuple(v) for v in value)
 
     @field_validator("eot_token_ids")
     @classmethod

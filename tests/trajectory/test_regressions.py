@@ -138,7 +138,7 @@ def test_multi_token_terminator_canonical_splice() -> None:
     g1 = [200, 201, E1, E2]
     p2 = [*p1, 200, 201, E1, E2, NL, S, USR, 102, E1, E2, S, AST]
     traj = build(
-        [rec(0, p1, g1), rec(1, p2, [202, E1, E2])], "prefix_merging", fidelity="canonical", eot_token_ids=[E1, E2]
+        [rec(0, p1, g1), rec(1, p2, [202, E1, E2])], "prefix_merging", fidelity="canonical", eot_token_ids=[[E1, E2]]
     )
     (t,) = traj.traces
     assert t.response_ids == [200, 201, E1, E2, NL, S, USR, 102, E1, E2, S, AST, 202, E1, E2]
@@ -152,7 +152,7 @@ def test_multi_token_terminator_first_token_alone_is_not_a_terminator() -> None:
     g1 = [200, E1, 201, E1, E2]
     p2 = [*p1, 200, E1, 201, E1, E2, NL, S, AST]
     traj = build(
-        [rec(0, p1, g1), rec(1, p2, [202, E1, E2])], "prefix_merging", fidelity="canonical", eot_token_ids=[E1, E2]
+        [rec(0, p1, g1), rec(1, p2, [202, E1, E2])], "prefix_merging", fidelity="canonical", eot_token_ids=[[E1, E2]]
     )
     assert traj.stats.chains == 1 and traj.stats.drift_tokens == 0
     assert traj.traces[0].response_ids[:6] == [200, E1, 201, E1, E2, NL]
@@ -162,13 +162,12 @@ def test_alternative_terminators() -> None:
     eot, eom = 5, 6
     p1 = [S, USR, 101, eot, S, AST]
     p2 = [*p1, 200, eom, S, TOOL, 300, eot, S, AST]
-    traj = build(
-        [rec(0, p1, [200, eom]), rec(1, p2, [201, eot])],
-        "prefix_merging",
-        fidelity="canonical",
-        eot_token_ids=[[eot], [eom]],
-    )
-    assert traj.stats.chains == 1 and traj.stats.drift_tokens == 0
+    recs = [rec(0, p1, [200, eom]), rec(1, p2, [201, eot])]
+    for eots in ([eot, eom], [[eot], [eom]]):  # a flat list lists alternatives, like vLLM's stop_token_ids
+        traj = build(recs, "prefix_merging", fidelity="canonical", eot_token_ids=eots)
+        assert traj.stats.chains == 1 and traj.stats.drift_tokens == 0
+    # read as ONE two-token terminator, [eot, eom] never occurs: nothing to splice at
+    assert build(recs, "prefix_merging", fidelity="canonical", eot_token_ids=[[eot, eom]]).stats.splits["no_eot"] == 1
 
 
 # --- failed, forced, side, compaction, subagents -------------------------------------------------------------
@@ -317,6 +316,8 @@ def test_polar_build_cli(tmp_path, capsys) -> None:  # type: ignore[no-untyped-d
     assert main(["build", str(path), "--builder", "per_request", "--format", "gym", "-o", str(out)]) == 0
     assert len(out.read_bytes().splitlines()) == 2
     assert main(["build", str(path), "--fidelity", "canonical"]) == 2  # canonical without --eot: refused
+    assert main(["build", str(path), "--fidelity", "canonical", "--eot", "99", f"{E},{NL}", "-o", str(out)]) == 0
+    assert "chains=1 merged=1" in capsys.readouterr().err  # E,NL (two tokens) closes r0's turn in p2
     assert main(["build", str(tmp_path / "missing.jsonl")]) == 2
 
 
