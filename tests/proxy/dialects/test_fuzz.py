@@ -11,6 +11,7 @@ import copy
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -113,3 +114,48 @@ def test_deeply_nested_schemas_are_a_400_not_a_crash() -> None:
         "messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": args}]}],
     }
     parse_or_4xx("anthropic_messages", anth)
+
+
+def _captured() -> list[tuple[Any, Any, Any]]:
+    from pathlib import Path
+
+    from nemo_polar.proxy.dialects import detect
+
+    out = []
+    for path in sorted((Path(__file__).resolve().parents[2] / "data" / "cli_requests").glob("*.json")):
+        for req in json.loads(path.read_text())["requests"]:
+            query = "&".join(f"{k}={v}" for k, v in req["query"].items())
+            hit = detect(req["method"], req["path"] + (f"?{query}" if query else ""))
+            if hit is not None:
+                body = json.loads(req["body"]) if isinstance(req["body"], str) else req["body"]
+                out.append((hit[0], body, hit[1]))
+    return out
+
+
+CAPTURED = _captured()
+
+
+@pytest.mark.skipif(not CAPTURED, reason="tests/data/cli_requests holds no captured CLI requests in this checkout")
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_mutated_real_client_requests(data: st.DataObject) -> None:
+    """The same mutation fuzzing over the requests captured from the real CLIs (when this checkout has them)."""
+    module, original, route = data.draw(st.sampled_from(CAPTURED))
+    body = copy.deepcopy(original)
+    paths = [p for p in _paths(body) if p]
+    path = data.draw(st.sampled_from(paths))
+    parent = body
+    for key in path[:-1]:
+        parent = parent[key]
+    if data.draw(st.booleans()):
+        parent[path[-1]] = data.draw(JSON)
+    elif isinstance(parent, dict):
+        del parent[path[-1]]
+    else:
+        parent.pop(path[-1])
+    try:
+        req = module.parse_request(json.dumps(body).encode(), route)
+    except ProviderError as err:
+        assert 400 <= err.status < 500
+        return
+    assert isinstance(req, ChatRequest)
