@@ -112,18 +112,7 @@ def parse_request(body: bytes | dict[str, Any], route: RouteMatch) -> ChatReques
         extra["tool_map"] = tools.map
     tool_choice = _tool_choice(d.get("tool_choice"), extra)
     reasoning = _reasoning(d, extra)
-    for key in ("include",):
-        v = opt_list(d, key, key)
-        if v is not None:
-            extra[key] = v
-    for key in ("prompt_cache_key", "service_tier", "user", "truncation"):
-        opt_str(d, key, key)
-    for key in ("metadata", "client_metadata"):
-        opt_dict(d, key, key)
-    opt_bool(d, "store", "store")
-    ptc = opt_bool(d, "parallel_tool_calls", "parallel_tool_calls")
-    if ptc is not None:
-        extra["parallel_tool_calls"] = ptc
+    _side_fields(d, extra)
     sampling = Sampling(
         max_tokens=opt_int(d, "max_output_tokens", "max_output_tokens", lo=1, hi=MAX_TOKENS_LIMIT),
         temperature=opt_num(d, "temperature", "temperature", lo=0.0, hi=2.0),
@@ -142,6 +131,21 @@ def parse_request(body: bytes | dict[str, Any], route: RouteMatch) -> ChatReques
         reasoning=reasoning,
         extra=extra,
     )
+
+
+def _side_fields(d: dict[str, Any], extra: dict[str, Any]) -> None:
+    """Validate the fields that do not change the prompt; keep what rendering or the record needs."""
+    include = opt_list(d, "include", "include")
+    if include is not None:
+        extra["include"] = include
+    for key in ("prompt_cache_key", "service_tier", "user", "truncation"):
+        opt_str(d, key, key)
+    for key in ("metadata", "client_metadata"):
+        opt_dict(d, key, key)
+    opt_bool(d, "store", "store")
+    ptc = opt_bool(d, "parallel_tool_calls", "parallel_tool_calls")
+    if ptc is not None:
+        extra["parallel_tool_calls"] = ptc
 
 
 class _ToolSet:
@@ -550,67 +554,55 @@ class StreamRenderer:
         frames.append(self._ev("response.output_item.done", output_index=idx, item=item))
         return frames
 
+    def _open_text_item(self, kind: str) -> list[bytes]:
+        """Close the open item and open a reasoning or message item with its first (empty) part."""
+        frames = self._close()
+        idx = len(self._output)
+        if kind == "reasoning":
+            item = _reasoning_item(new_id("rs_"), "", "in_progress")
+            event, index_key = "response.reasoning_summary_part.added", "summary_index"
+            part: dict[str, Any] = {"type": "summary_text", "text": ""}
+        else:
+            item = _message_item(new_id("msg_"), "", "in_progress")
+            event, index_key = "response.content_part.added", "content_index"
+            part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        self._output.append(item)
+        frames.append(self._ev("response.output_item.added", output_index=idx, item=item))
+        frames.append(self._ev(event, item_id=item["id"], output_index=idx, part=part, **{index_key: 0}))
+        self._open = (kind, idx, "")
+        return frames
+
     def _text(self, kind: str, text: str) -> list[bytes]:
         frames: list[bytes] = []
         if self._open is None or self._open[0] != kind:
-            frames += self._close()
-            idx = len(self._output)
-            if kind == "reasoning":
-                item = _reasoning_item(new_id("rs_"), "", "in_progress")
-                self._output.append(item)
-                frames.append(self._ev("response.output_item.added", output_index=idx, item=item))
-                part: dict[str, Any] = {"type": "summary_text", "text": ""}
-                frames.append(
-                    self._ev(
-                        "response.reasoning_summary_part.added",
-                        item_id=item["id"],
-                        output_index=idx,
-                        summary_index=0,
-                        part=part,
-                    )
-                )
-            else:
-                item = _message_item(new_id("msg_"), "", "in_progress")
-                self._output.append(item)
-                frames.append(self._ev("response.output_item.added", output_index=idx, item=item))
-                part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-                frames.append(
-                    self._ev(
-                        "response.content_part.added", item_id=item["id"], output_index=idx, content_index=0, part=part
-                    )
-                )
-            self._open = (kind, idx, "")
+            frames += self._open_text_item(kind)
         assert self._open is not None
         _, idx, acc = self._open
         self._open = (kind, idx, acc + text)
-        cur = self._output[idx]
-        assert cur is not None
-        item = cur
+        item = self._output[idx]
+        assert item is not None
         if not text:
             return frames
         if kind == "reasoning":
             self._seen.reasoning += text
-            frames.append(
-                self._ev(
-                    "response.reasoning_summary_text.delta",
-                    item_id=item["id"],
-                    output_index=idx,
-                    summary_index=0,
-                    delta=text,
-                )
+            delta = self._ev(
+                "response.reasoning_summary_text.delta",
+                item_id=item["id"],
+                output_index=idx,
+                summary_index=0,
+                delta=text,
             )
         else:
             self._seen.text += text
-            frames.append(
-                self._ev(
-                    "response.output_text.delta",
-                    item_id=item["id"],
-                    output_index=idx,
-                    content_index=0,
-                    delta=text,
-                    logprobs=[],
-                )
+            delta = self._ev(
+                "response.output_text.delta",
+                item_id=item["id"],
+                output_index=idx,
+                content_index=0,
+                delta=text,
+                logprobs=[],
             )
+        frames.append(delta)
         return frames
 
     def _is_custom(self, name: str) -> bool:
