@@ -144,3 +144,22 @@ def test_any_event_sequence_renders_valid_frames(which: str, events: list[Stream
             json.loads(d)["output_index"] for _, d in parsed if json.loads(d)["type"] == "response.output_item.added"
         ]
         assert added == list(range(len(added)))
+
+
+BODY_MODELS = {
+    "anthropic": "anthropic.types.Message",
+    "chat": "openai.types.chat.ChatCompletion",
+    "responses": "openai.types.responses.Response",
+    "google": "google.genai.types.GenerateContentResponse",
+}
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(which=st.sampled_from(sorted(REQS)), result=RESULTS)
+def test_any_result_renders_a_valid_body(which: str, result: ChatResult) -> None:
+    import importlib
+
+    module, req = REQS[which]
+    body = module.render_response(result, req)
+    mod_name, _, cls = BODY_MODELS[which].rpartition(".")
+    getattr(importlib.import_module(mod_name), cls).model_validate(json.loads(json.dumps(body)))
