@@ -154,6 +154,8 @@ def _blocks(m: dict[str, Any], path: str) -> list[dict[str, Any]]:
         return [{"type": "text", "text": content}]
     if not isinstance(content, list):
         bad(f"{path}.content: expected a string or an array of content blocks", param=f"{path}.content")
+    if all(type(b) is dict for b in content):  # the common case, without building error paths
+        return content
     return [as_dict(b, f"{path}.content[{j}]") for j, b in enumerate(content)]
 
 
@@ -218,8 +220,12 @@ def _user(blocks: list[dict[str, Any]], path: str, ids: CallIds, extra: dict[str
     out: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
     for j, b in enumerate(blocks):
+        kind = b.get("type")
+        if kind == "text" and type(b.get("text")) is str:  # fast path; anything else is validated below
+            parts.append(text_part(b["text"]))
+            continue
         bpath = f"{path}.content[{j}]"
-        if b.get("type") == "tool_result":
+        if kind == "tool_result":
             tid = req_str(b, "tool_use_id", f"{bpath}.tool_use_id", nonempty=True)
             cid = ids.result(tid)
             if opt_bool(b, "is_error", f"{bpath}.is_error"):
@@ -237,8 +243,11 @@ def _assistant(blocks: list[dict[str, Any]], path: str, ids: CallIds, extra: dic
     calls: list[dict[str, Any]] = []
     reasoning: list[str] = []
     for j, b in enumerate(blocks):
-        bpath = f"{path}.content[{j}]"
         kind = b.get("type")
+        if kind == "text" and type(b.get("text")) is str:  # fast path; anything else is validated below
+            parts.append(text_part(b["text"]))
+            continue
+        bpath = f"{path}.content[{j}]"
         if kind == "text":
             parts.append(text_part(req_str(b, "text", f"{bpath}.text")))
         elif kind == "thinking":

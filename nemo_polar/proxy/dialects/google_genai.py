@@ -185,7 +185,10 @@ class _Contents:
         assert parts is not None
         if not parts:
             bad(f"{path}.parts: must not be empty", param=f"{path}.parts")
-        objs = [_obj(p, f"{path}.parts[{j}]") for j, p in enumerate(parts)]
+        if all(type(p) is dict for p in parts):  # the common case, without building error paths
+            objs = [_camel(p) for p in parts]
+        else:
+            objs = [_obj(p, f"{path}.parts[{j}]") for j, p in enumerate(parts)]
         for j, p in enumerate(objs):
             if "thoughtSignature" not in p:
                 continue

@@ -128,6 +128,9 @@ def _parts(v: Any, path: str, *, allow_images: bool) -> str | list[dict[str, Any
         bad(f"{path}: expected a string or an array of content parts", param=path)
     parts: list[dict[str, Any]] = []
     for k, p in enumerate(v):
+        if type(p) is dict and p.get("type") == "text" and type(p.get("text")) is str:  # fast path
+            parts.append(text_part(p["text"]))
+            continue
         ppath = f"{path}[{k}]"
         p = as_dict(p, ppath)
         kind = p.get("type")

@@ -296,6 +296,9 @@ class _Items:
         self._calls.append(tool_call_dict(self.ids.new_call(call_id, name), name, args))
 
 
+_TEXT_PARTS = ("input_text", "output_text", "text")
+
+
 def _content(v: Any, path: str) -> str | list[dict[str, Any]]:
     if v is None:
         return ""
@@ -305,10 +308,13 @@ def _content(v: Any, path: str) -> str | list[dict[str, Any]]:
         bad(f"{path}: expected a string or an array of content parts", param=path)
     parts: list[dict[str, Any]] = []
     for k, p in enumerate(v):
+        if type(p) is dict and p.get("type") in _TEXT_PARTS and type(p.get("text")) is str:  # fast path
+            parts.append(text_part(p["text"]))
+            continue
         ppath = f"{path}[{k}]"
         p = as_dict(p, ppath)
         kind = p.get("type")
-        if kind in ("input_text", "output_text", "text"):
+        if kind in _TEXT_PARTS:
             parts.append(text_part(req_str(p, "text", f"{ppath}.text")))
         elif kind == "refusal":
             parts.append(text_part(req_str(p, "refusal", f"{ppath}.refusal")))
