@@ -16,9 +16,13 @@ from collections.abc import Callable, Sequence
 _SUBSYSTEMS = (
     "nemo_polar.backend.cli",
     "nemo_polar.proxy.cli",
+    "nemo_polar.harness_adapters.cli",
+    "nemo_polar.runtime.cli",
     "nemo_polar.trajectory.cli",
     "nemo_polar.rollout.cli",
+    "nemo_polar.collect.cli",
     "nemo_polar.credit.cli",
+    "nemo_polar.data.cli",
     "nemo_polar.demo",
 )
 
