@@ -24,7 +24,7 @@ __all__ = ["DEMO_HARNESSES", "DEMO_TASKS", "demo_tasks", "register"]
 DEMO_TASKS = ("median", "roman", "slugify")
 DEMO_HARNESSES = ("pi", "qwen_code")
 # live calls on a random-weight model are noise: keep them short
-DEMO_SAMPLING = {"max_tokens": 256, "temperature": 0.7}
+DEMO_SAMPLING = {"max_tokens": 64, "temperature": 0.7, "chat_template_kwargs": {"enable_thinking": False}}
 
 
 def register(subparsers: Any) -> None:
