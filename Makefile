@@ -1,9 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 # Two commands set everything up on a fresh machine: `make demo` and `make test`.
+# Every heavy artefact (venvs, npm harnesses, converted models) is cached in ~/.cache/nemo-polar.
 SHELL := /bin/bash
 PY := .venv/bin/python
+POLAR := $(PY) -m nemo_polar.cli
 
-.PHONY: venv deps backend lint typecheck pytest test demo bench clean
+.PHONY: venv deps backend harnesses gym setup lint typecheck pytest test demo bench clean
 
 venv:
 	@bash scripts/setup_venv.sh
@@ -12,7 +14,16 @@ deps:
 	@bash scripts/apt_deps.sh
 
 backend: venv
-	@$(PY) -m nemo_polar.cli backend prepare
+	@$(POLAR) backend prepare
+
+harnesses: venv
+	@$(POLAR) harness install all
+
+gym: venv
+	@bash scripts/gym_venv.sh
+
+# everything the suite needs, installed rather than skipped
+setup: venv deps backend harnesses gym
 
 lint: venv
 	$(PY) -m ruff check nemo_polar harness_adapters credit environments tests benchmarks
@@ -24,10 +35,12 @@ typecheck: venv
 pytest: venv
 	$(PY) -m pytest tests $(PYTEST_ARGS)
 
-test: venv deps backend lint typecheck pytest
+test: setup lint typecheck pytest
 
-demo: venv backend
-	$(PY) -m nemo_polar.cli demo
+demo: venv deps backend
+	@$(POLAR) harness install pi
+	@$(POLAR) harness install qwen_code
+	@$(POLAR) demo
 
 bench: venv backend
 	$(PY) benchmarks/run_all.py

@@ -2,7 +2,7 @@
 # SPDX-License-Identifier: Apache-2.0
 # Install the Debian packages the suite needs (instead of skipping tests). Idempotent.
 set -euo pipefail
-PKGS=(bubblewrap)
+PKGS=(bubblewrap chromium iproute2)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then
