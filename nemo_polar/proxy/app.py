@@ -615,11 +615,16 @@ class Proxy:
 
     async def _forced(self, session: Session, rec: CompletionRecord, call: EngineCall, text: str) -> Generation:
         ctk = {**(call.sampling.get("chat_template_kwargs") or {}), "enable_thinking": False}
-        call.sampling = {**call.sampling, "chat_template_kwargs": ctk}
+        # the grammar ends the generation with the forced text: a max_tokens cap could only truncate it
+        call.sampling = {k: v for k, v in call.sampling.items() if k != "max_tokens"}
+        call.sampling["chat_template_kwargs"] = ctk
         rec.request["sampling"] = call.sampling  # the record keeps what was actually used
-        extra = {"structured_outputs": {"choice": [text]}}
+        extra: dict[str, Any] = {"structured_outputs": {"choice": [text]}}
         prompt = await self._spliced_prompt(session, rec, call)
         if prompt is not None:
+            # /v1/completions defaults to 16 tokens; the grammar may spell the text with any tokenization, at worst
+            # one token per byte: that bound always leaves room for the whole text and its end of turn
+            extra["max_tokens"] = len(text.encode()) + 8
             gen = await self._complete_spliced(call, prompt, extra=extra)
         else:
             call.extra.update(extra)

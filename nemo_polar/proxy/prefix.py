@@ -58,7 +58,7 @@ class PrefixSplicer:
             self.eot_token_ids = ids
         if not self.eot_token_ids:
             raise ValueError(f"no end-of-turn token found for {model_dir}")
-        self.eot_text: str = str(self.tokenizer.convert_ids_to_tokens(self.eot_token_ids[-1]))
+        self.eot_texts: list[str] = [str(self.tokenizer.convert_ids_to_tokens(i)) for i in self.eot_token_ids]
 
     def render(
         self,
@@ -93,17 +93,21 @@ class PrefixSplicer:
             messages[: last_asst + 1], tools, add_generation_prompt=False, chat_template_kwargs=chat_template_kwargs
         )
         full = self.render(messages, tools, add_generation_prompt=True, chat_template_kwargs=chat_template_kwargs)
-        n_turns = hist.count(self.eot_text)
-        pos = -1
+        # the template's own turn terminator is the end-of-turn token it renders most (ChatML: <|im_end|>)
+        n_turns, k = max((hist.count(t), i) for i, t in enumerate(self.eot_texts))
+        if n_turns == 0:
+            raise SpliceError("the template renders none of the end-of-turn tokens")
+        eot_text = self.eot_texts[k]
+        pos = -len(eot_text)
         for _ in range(n_turns):
-            pos = full.find(self.eot_text, pos + 1)
+            pos = full.find(eot_text, pos + len(eot_text))
             if pos < 0:
                 raise SpliceError("the full rendering has fewer turns than the history")
-        tail = full[pos + len(self.eot_text) :]
+        tail = full[pos + len(eot_text) :]
         tail_ids = self.tokenizer.encode(tail, add_special_tokens=False)
         prefix = list(tip)
         if not prefix or prefix[-1] not in self.eot_token_ids:
-            prefix.append(self.eot_token_ids[-1])
+            prefix.append(self.eot_token_ids[k])  # a generation cut by max_tokens: close its turn as the template does
         return prefix + list(tail_ids)
 
 
