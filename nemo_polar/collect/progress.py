@@ -67,7 +67,9 @@ class CollectProgress:
         self.total, self.done_before = total, done
         self.t0 = time.monotonic()
         if done:
-            self.console.print(f"resuming: {done}/{total} sessions already finished in this run directory")
+            self.console.print(
+                f"resuming: {done}/{total} sessions already finished in this run directory", highlight=False
+            )
         self._refresh()
 
     def stages(self, counts: dict[str, Any]) -> None:

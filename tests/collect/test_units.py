@@ -6,6 +6,7 @@ real CALL-CREDIT on the records; the DOM read with the standard library's parser
 from __future__ import annotations
 
 import json
+import re
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
@@ -183,3 +184,22 @@ def test_report_decodes_tokens_with_a_tokenizer(tmp_path: Path) -> None:
     html = render_report(run, tokenizer=tmp_path)
     assert "w7 w8 w9" in html  # the sampled ids, decoded, in a trainable run
     assert "no credit.jsonl" in html
+
+
+def test_progress_display_renders_stages_rewards_and_eta() -> None:
+    import io
+
+    from rich.console import Console
+
+    from nemo_polar.collect.progress import CollectProgress
+
+    buf = io.StringIO()
+    s, _ = _session()
+    with CollectProgress(Console(file=buf, force_terminal=True, width=160), live=True) as p:
+        p.start(total=4, done=1)
+        p.stages({"init": 1, "running": 1, "postrun": 0, "records": 3})
+        p.result(s, generated_tokens=12)
+        assert p.eta_s() is not None and p.tokens == 12
+    out = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", buf.getvalue())
+    for text in ("resuming: 1/4", "RUNNING", "2/4 sessions finished", "finished median.pi#0 [pi] COMPLETED", "1.000"):
+        assert text in out, text
