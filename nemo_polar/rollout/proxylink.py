@@ -10,6 +10,7 @@ This module does no agent work and no scheduling.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -96,11 +97,24 @@ class HostedProxy:
     async def close_session(self, session_id: str) -> None:
         await self.proxy.sessions.close(session_id)
 
-    async def records(self, session_id: str) -> list[CompletionRecord]:
+    async def records(self, session_id: str, *, settle_s: float = 15.0) -> list[CompletionRecord]:
+        """The session's committed records. A call still in flight (a pending row: e.g. a stream the killed harness
+        just cut, whose failure record the proxy is writing) is waited for up to `settle_s`, so it is not lost."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + settle_s
+        while True:
+            done = self._all(session_id, include_pending=False)
+            if len(done) == len(self._all(session_id, include_pending=True)) or loop.time() >= deadline:
+                return done
+            await asyncio.sleep(0.05)
+
+    def _all(self, session_id: str, *, include_pending: bool) -> list[CompletionRecord]:
         out: list[CompletionRecord] = []
         after = -1
         while True:
-            page = self.proxy.store.list_records(session_id, after_seq=after, limit=1000)
+            page = self.proxy.store.list_records(
+                session_id, after_seq=after, limit=1000, include_pending=include_pending
+            )
             out.extend(page)
             if len(page) < 1000:
                 return out

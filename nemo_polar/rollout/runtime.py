@@ -316,7 +316,10 @@ class SandboxRuntime(LocalRuntime):
         full_env = self.base_env()
         full_env["TMPDIR"] = "/tmp"  # the sandbox has its own /tmp
         full_env.update(env or {})
-        res = await self._sandbox.run(argv, env=full_env, timeout_s=timeout_s, stdout_path=stdout_path)
+        stderr_path = stdout_path.with_name(stdout_path.stem + ".stderr.log") if stdout_path is not None else None
+        res = await self._sandbox.run(
+            argv, env=full_env, timeout_s=timeout_s, stdout_path=stdout_path, stderr_path=stderr_path
+        )
         return ExecResult(res.exit_code, res.stdout, res.stderr, res.timed_out, res.duration_s)
 
     async def destroy(self) -> None:

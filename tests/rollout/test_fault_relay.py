@@ -35,13 +35,16 @@ def test_no_record_lost_and_no_session_hangs_through_faults(upstream: dict[str, 
 
     async def main() -> tuple[list[SessionResult], FaultRelay, dict[str, list[Any]]]:
         fake = await FakeUpstream().start() if upstream["kind"] == "fake" else None
-        relay = await FaultRelay(fake.base_url if fake else upstream["url"], hang_s=30).start()
+        # vLLM-CPU on a shared machine can be slow to answer: its read timeout leaves room for that, and the
+        # injected hang outlasts it either way
+        read_timeout_s = 2.0 if fake else 30.0
+        relay = await FaultRelay(fake.base_url if fake else upstream["url"], hang_s=read_timeout_s + 15).start()
         proxy = await HostedProxy(
             ProxyConfig(
                 upstreams=[relay.base_url],
                 store_dir=str(tmp_path / "proxy"),
                 served_model=upstream["model"],
-                read_timeout_s=2.0,
+                read_timeout_s=read_timeout_s,
             )
         ).start()
         runner, url, _ = await start_server(tmp_path)
