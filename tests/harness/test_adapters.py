@@ -13,7 +13,7 @@ CTX = HarnessContext(
     base_url="http://127.0.0.1:18080",
     api_key="sk-session",
     model="tiny-qwen3",
-    workdir="/sandbox/work",
+    workdir="/sandbox/workdir",
     home="/sandbox/home",
     command_line="python3 agent.py {instruction}",
 )
@@ -115,9 +115,9 @@ def test_plan_steps_resolve_to_native_tool_calls(name: str) -> None:
     edit = steps[-2]
     assert edit["tool"] == edit_tool
     if path_key is not None:
-        assert edit["arguments"][path_key] == "/sandbox/work/notes.txt"
+        assert edit["arguments"][path_key] == "/sandbox/workdir/notes.txt"
     else:
-        assert "/sandbox/work/notes.txt" in next(iter(edit["arguments"].values()))
+        assert "/sandbox/workdir/notes.txt" in next(iter(edit["arguments"].values()))
     if name in ("claude_code", "opencode", "qwen_code"):  # these refuse to edit a file the session has not read
         assert len(steps) == 4 and steps[1]["tool"] in ("Read", "read", "read_file")
 
@@ -126,7 +126,7 @@ def test_codex_patch_grammar() -> None:
     step = get_adapter("codex").resolve_step({"edit": {"path": "a.py", "old": "x = 1\ny = 2", "new": "x = 3"}}, CTX)
     assert step[0]["tool"] == "exec_command"
     assert step[0]["arguments"]["cmd"] == (
-        "apply_patch <<'PATCH'\n*** Begin Patch\n*** Update File: /sandbox/work/a.py\n@@\n-x = 1\n-y = 2\n+x = 3\n"
+        "apply_patch <<'PATCH'\n*** Begin Patch\n*** Update File: /sandbox/workdir/a.py\n@@\n-x = 1\n-y = 2\n+x = 3\n"
         "*** End Patch\nPATCH"
     )
     write = get_adapter("codex").resolve_step({"write": {"path": "/abs/b.txt", "content": "one\ntwo\n"}}, CTX)

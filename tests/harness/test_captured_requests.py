@@ -49,6 +49,7 @@ def test_capture_is_complete_and_secret_free(variant: str) -> None:
         for name in ("authorization", "x-api-key", "x-goog-api-key"):
             assert req["headers"].get(name, "<redacted>") == "<redacted>"
     assert "polar-capture-" not in json.dumps(data["requests"]), "temporary paths must be replaced"
+    assert str(Path.home()) + "/" not in text, "machine paths must be replaced"
 
 
 @pytest.mark.parametrize("variant", list(EXPECTED))

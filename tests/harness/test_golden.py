@@ -29,7 +29,7 @@ def _ctx(name: str) -> HarnessContext:
         base_url="http://127.0.0.1:18080",
         api_key="sk-polar-session-secret",
         model="tiny-qwen3",
-        workdir="/sandbox/work",
+        workdir="/sandbox/workdir",
         home="/sandbox/home",
         mcp_servers=MCP if full else (),
         skills=SKILLS if name != "mini_swe_agent" else {},

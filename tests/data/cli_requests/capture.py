@@ -6,7 +6,7 @@ CAPTURE FAKE: a loopback aiohttp server that records method, path, query, header
 and answers with a minimal provider-shaped reply (a one-sentence text answer, streamed when asked; a JSON
 object for JSON-schema calls; a model list for GET …/models). Secrets are removed before writing:
 API keys (headers, query, anywhere in bodies), auth headers, cookies, user ids (`metadata.user_id`); the
-temporary HOME and workdir paths become `/sandbox/home` and `/sandbox/work`.
+temporary HOME and workdir paths become `/sandbox/home` and `/sandbox/workdir`.
 
     .venv/bin/python tests/data/cli_requests/capture.py all          # or one harness name
     -> tests/data/cli_requests/<harness>.json
@@ -36,7 +36,7 @@ from typing import Any
 
 from aiohttp import web
 from nemo_polar.harness_adapters import BUILTIN, HarnessContext, get_adapter
-from nemo_polar.harness_adapters.install import status
+from nemo_polar.harness_adapters.install import cache_root, status
 
 HERE = Path(__file__).resolve().parent
 KEY = "sk-polar-capture-KEY-0123456789"
@@ -275,7 +275,7 @@ async def capture(name: str, timeout_s: float) -> dict[str, Any]:
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
     tmp = Path(tempfile.mkdtemp(prefix=f"polar-capture-{name}-"))
-    home, work = tmp / "home", tmp / "work"
+    home, work = tmp / "home", tmp / "workdir"
     home.mkdir()
     work.mkdir()
     ctx = HarnessContext(
@@ -319,11 +319,13 @@ async def capture(name: str, timeout_s: float) -> dict[str, Any]:
     replacements = [
         (KEY, "<redacted-key>"),
         (str(home), "/sandbox/home"),
-        (str(work), "/sandbox/work"),
-        (slug, "-sandbox-work"),
-        (slug.replace("--", "-"), "-sandbox-work"),
+        (str(work), "/sandbox/workdir"),
+        (slug, "-sandbox-workdir"),
+        (slug.replace("--", "-"), "-sandbox-workdir"),
         (f"127.0.0.1:{port}", "127.0.0.1:PORT"),
         (str(tmp), "/sandbox"),
+        (str(cache_root()), "~/.cache/nemo-polar"),
+        (str(Path.home()) + "/", "~/"),
     ]
     ids = set(ID_VALUES.findall(json.dumps(recorder.requests))) | {
         v for r in recorder.requests for k, v in r["headers"].items() if "installation-id" in k
