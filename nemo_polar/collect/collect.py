@@ -356,7 +356,20 @@ async def _run_service(
                         gen = sum(len(r.generation_token_ids) for r in await proxy.records(res.session_id) if r.ok)
                     on_result(res, gen)
 
-            await asyncio.gather(*(consume(t) for t in tasks))
+            consumers: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*(consume(t) for t in tasks)))
+            if upstream is None:
+                await consumers
+            else:  # a dead model server would turn every remaining session into junk: stop, resumable
+                guard: asyncio.Future[Any] = asyncio.create_task(_upstream_guard(upstream.url))
+                try:
+                    done_first, _ = await asyncio.wait({consumers, guard}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    consumers.cancel()
+                    guard.cancel()
+                    await asyncio.gather(consumers, guard, return_exceptions=True)
+                if guard in done_first:
+                    guard.result()  # the guard only ever ends by raising CollectError
+                consumers.result()
     finally:
         if watcher is not None:
             watcher.cancel()
@@ -367,6 +380,26 @@ async def _run_service(
         if proxy is not None:
             await proxy.stop()
     return new
+
+
+async def _upstream_guard(url: str, *, every_s: float = 2.0, failures: int = 3) -> None:
+    """Return never while the upstream answers `/health`; raise `CollectError` after `failures` misses in a row."""
+    import aiohttp
+
+    missed = 0
+    async with aiohttp.ClientSession() as http:
+        while True:
+            await asyncio.sleep(every_s)
+            try:
+                async with http.get(url.rstrip("/") + "/health", timeout=aiohttp.ClientTimeout(total=10)) as resp:
+                    ok = resp.status < 500
+            except (aiohttp.ClientError, TimeoutError):
+                ok = False
+            missed = 0 if ok else missed + 1
+            if missed >= failures:
+                raise CollectError(
+                    f"the model server {url} stopped answering; the run stopped (re-run the same command to resume)"
+                )
 
 
 async def _watch(gw: Any, on_stages: Callable[[dict[str, int]], None]) -> None:

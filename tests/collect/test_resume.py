@@ -127,3 +127,26 @@ def test_a_different_task_set_in_the_same_run_directory_is_refused(tmp_path: Pat
     changed = [specs[0].model_copy(update={"instruction": "something else"}), specs[1]]
     with pytest.raises(CollectError, match="different tasks"):
         collect(changed, CollectOptions(out=out))
+
+
+def test_collect_stops_resumably_when_the_model_server_goes_away(tmp_path: Path) -> None:
+    """No model server answers at --upstream (a closed loopback port): the run stops with a clear message
+    instead of turning every remaining session into failed calls."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    tasks, out = tmp_path / "tasks.jsonl", tmp_path / "run"
+    _tasks(tasks)
+    argv = ["collect", str(tasks), "--out", str(out), "--no-live", "--upstream", f"http://127.0.0.1:{port}"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "nemo_polar.cli", *argv],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "stopped answering" in proc.stderr and "re-run the same command to resume" in proc.stderr
