@@ -1,0 +1,79 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Credit fidelity (issue 13): does CALL-CREDIT credit the calls that caused success?
+
+    .venv/bin/python benchmarks/credit_fidelity.py [--seeds 5] [--scenarios basic,confounded,noisy]
+        [--tasks-in 10] [--tasks-out 4] [--samples 8] [--adapt-steps 5] [--json OUT]
+
+What runs (docs/credit_sim_model.md is the causal model, fixed before any measurement): per scenario and seed,
+GRPO batches of simulated coding-agent sessions (10 held-in tasks in six harness vocabularies, 4 held-out tasks in
+mini-swe-agent's, 8 samples each) become real `CompletionRecord`s (tiny-qwen3's chat template and tokenizer), go
+through `trajectory.build` (per_request and prefix_merging) and CALL-CREDIT with `CallCreditConfig()` (defaults,
+never tuned here). Five arms — (a) outcome broadcast, (b) uniform per-step split, (c) CALL-CREDIT rules, (d) + the
+core's counterfactual calibration with the simulator's runner, (e) ω after N co-evolution steps — are scored
+against each call's exact interventional effect: Spearman ρ, the reward-hacking rate, the share of positive
+credit on irrelevant calls; mean ± 95 % t-interval over seeds. Rows `call` are Â_v before fusion; builder rows
+are the fused token advantages the trainer receives (α = 0.5 for (c)–(e)). Needs `polar backend prepare`
+(tiny-qwen3's tokenizer); without it, it exits 2 with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+
+from nemo_polar.credit.sim.fidelity import FidelityConfig, format_table, run, summarize
+from nemo_polar.credit.sim.records import ChatTokenizer, TokenizerMissing
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--scenarios", default="basic,confounded,noisy")
+    ap.add_argument("--tasks-in", type=int, default=10)
+    ap.add_argument("--tasks-out", type=int, default=4, help="0 leaves the held-out vocabulary out")
+    ap.add_argument("--samples", type=int, default=8)
+    ap.add_argument("--adapt-steps", type=int, default=5)
+    ap.add_argument("--adapt-tasks", type=int, default=5)
+    ap.add_argument("--truth-calls", type=int, default=4, help="calls per seed checked through the runner")
+    ap.add_argument("--truth-runs", type=int, default=200)
+    ap.add_argument("--json", default=None, help="also write the per-seed numbers here")
+    args = ap.parse_args(argv)
+    try:
+        tok = ChatTokenizer()
+    except TokenizerMissing as exc:
+        print(f"credit_fidelity: {exc}", file=sys.stderr)
+        return 2
+    fc = FidelityConfig(
+        scenarios=tuple(s for s in args.scenarios.split(",") if s),
+        seeds=tuple(range(args.seeds)),
+        tasks_in=args.tasks_in,
+        tasks_out=args.tasks_out,
+        samples=args.samples,
+        adapt_steps=args.adapt_steps,
+        adapt_tasks=args.adapt_tasks,
+        truth_calls=args.truth_calls,
+        truth_runs=args.truth_runs,
+    )
+    t0 = time.perf_counter()
+    out = run(fc, tok)
+    wall = time.perf_counter() - t0
+    print(format_table(out))
+    print(f"\nwall time {wall:.1f} s")
+    if args.json:
+        rows = []
+        for (scenario, split, builder, arm), slot in out["results"].items():
+            row = {"scenario": scenario, "split": split, "builder": builder, "arm": arm}
+            for k, v in slot.items():
+                m, h, n = summarize(v)
+                row[k] = {"per_seed": v, "mean": m, "half_width_95": h if math.isfinite(h) else None, "n": n}
+            rows.append(row)
+        with open(args.json, "w") as f:
+            json.dump({"rows": rows, "truth": out["extras"]["truth"], "wall_s": wall}, f, indent=1, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
