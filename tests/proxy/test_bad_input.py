@@ -91,7 +91,9 @@ DIALECTS = {
             ("systemInstruction wrong type", {"systemInstruction": 5}),
             ("text not a string", {"contents": [{"role": "user", "parts": [{"text": 5}]}]}),
         ],
-        lambda status, b: b["error"]["code"] == status and isinstance(b["error"]["status"], str) and b["error"]["message"],
+        lambda status, b: (
+            b["error"]["code"] == status and isinstance(b["error"]["status"], str) and b["error"]["message"]
+        ),
     ),
 }
 
@@ -151,11 +153,16 @@ def served(request):
     lt.stop()
 
 
-@pytest.mark.parametrize(("dialect", "name", "path", "raw", "key", "status"), ALL, ids=[f"{d}:{r[0]}" for d, *r in ALL])
+@pytest.mark.parametrize(
+    ("dialect", "name", "path", "raw", "key", "status"), ALL, ids=[f"{d}:{r[0]}" for d, *r in ALL]
+)
 def test_bad_input_is_a_provider_shaped_4xx(served, dialect, name, path, raw, key, status):
     base, session, fake, _, _ = served
-    headers = {} if key is None else {"x-goog-api-key" if dialect == "google_genai" else "x-api-key":
-                                      session.api_key if key == "key" else key}
+    headers = (
+        {}
+        if key is None
+        else {"x-goog-api-key" if dialect == "google_genai" else "x-api-key": session.api_key if key == "key" else key}
+    )
     n_before = len(fake.requests)
     got, body = http_json("POST", base + path, raw=raw, headers=headers)
     assert got == status, (name, body)
@@ -175,8 +182,12 @@ def test_authenticated_rejections_are_failure_records_and_closed_sessions_are_re
     assert all(r.error["type"] == "rejected" and 400 <= r.error["status"] < 500 for r in recs)
     s2 = lt.run(proxy.create_session())
     lt.run(proxy.sessions.close(s2.session_id))
-    got, body = http_json("POST", base + "/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "x"}]},
-                          headers={"Authorization": f"Bearer {s2.api_key}"})
+    got, body = http_json(
+        "POST",
+        base + "/v1/chat/completions",
+        {"model": "m", "messages": [{"role": "user", "content": "x"}]},
+        headers={"Authorization": f"Bearer {s2.api_key}"},
+    )
     assert got == 403 and body["error"]["message"]
 
 
