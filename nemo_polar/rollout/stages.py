@@ -302,56 +302,15 @@ class SessionWork:
         return traj
 
     async def postrun(self, job: Job) -> SessionResult:
+        """Records → trajectory → evaluation → (trajectory with the reward) → hooks → teardown → result."""
         job.t["post_start"] = time.time()
-        task = job.task
-        records: list[CompletionRecord] = []
         notes: dict[str, Any] = {}
-        diff = ""
-        try:
-            if self.proxy is not None and job.proxy_session is not None:
-                await self.proxy.close_session(job.proxy_session)
-                records = await self.proxy.records(job.proxy_session)
-                self.records_total += len(records)
-            if job.runtime is not None:
-                diff = await asyncio.wait_for(job.runtime.diff(), timeout=120)
-                (job.session_dir / "diff.patch").write_text(diff)
-        except Exception as exc:
-            log.warning("POSTRUN collection for %s failed: %s", job.session_id, exc)
-            job.fail("postrun", "collect_failed", f"{type(exc).__name__}: {exc}")
-
-        trajectory = Trajectory(status=job.status)
-        try:
-            trajectory = self._build(job, records, None)
-        except Exception as exc:
-            notes["builder_error"] = f"{type(exc).__name__}: {exc}"
-
-        ev: EvalResult
-        if job.failure is not None and job.failure["stage"] == "init":
-            ev = eval_failure(job.failure["kind"], job.failure["reason"], mask_sample=True)
-        elif job.failure is not None and job.failure["kind"] in ("agent_setup_failed", "agent_not_started"):
-            ev = eval_failure(job.failure["kind"], job.failure["reason"], mask_sample=True)
-        else:
-            ctx = EvalContext(
-                task_id=task.task_id,
-                sample_index=job.sample_index,
-                instruction=task.instruction,
-                options=task.evaluator.options,
-                status=job.status,
-                diff=diff,
-                session_dir=job.session_dir,
-                agent_exit_code=job.agent_exit_code,
-                trajectory=trajectory,
-                runtime=job.runtime,
-                fresh_runtime=lambda: self.fresh_runtime(job),
-                metadata=task.metadata.model_dump(exclude_none=True),
-            )
-            ev = await run_evaluator(task.evaluator.name, ctx, timeout_s=task.evaluator.timeout_s)
+        records, diff = await self._collect(job)
+        trajectory = self._safe_build(job, records, None, notes)
+        ev = await self._evaluate(job, diff, trajectory)
         if records and "builder_error" not in notes:
-            try:
-                trajectory = self._build(job, records, ev.reward)
-            except Exception as exc:
-                notes["builder_error"] = f"{type(exc).__name__}: {exc}"
-
+            trajectory = self._safe_build(job, records, ev.reward, notes)
+        task = job.task
         result = SessionResult(
             session_id=job.session_id,
             task_id=task.task_id,
@@ -377,8 +336,57 @@ class SessionWork:
         job.t["post_end"] = time.time()
         result.timing = job.timing()
         result.trajectory.timing = {**result.trajectory.timing, **result.timing}
-        (job.session_dir / "result.json").write_bytes(result.to_json(compact=True))
+        await asyncio.to_thread((job.session_dir / "result.json").write_bytes, result.to_json(compact=True))
         return result
+
+    async def _collect(self, job: Job) -> tuple[list[CompletionRecord], str]:
+        """The session's proxy records (the session closed first) and the workdir diff (kept in the session dir)."""
+        records: list[CompletionRecord] = []
+        diff = ""
+        try:
+            if self.proxy is not None and job.proxy_session is not None:
+                await self.proxy.close_session(job.proxy_session)
+                records = await self.proxy.records(job.proxy_session)
+                self.records_total += len(records)
+            if job.runtime is not None:
+                diff = await asyncio.wait_for(job.runtime.diff(), timeout=120)
+                await asyncio.to_thread((job.session_dir / "diff.patch").write_text, diff)
+        except Exception as exc:
+            log.warning("POSTRUN collection for %s failed: %s", job.session_id, exc)
+            job.fail("postrun", "collect_failed", f"{type(exc).__name__}: {exc}")
+        return records, diff
+
+    def _safe_build(
+        self, job: Job, records: list[CompletionRecord], reward: float | None, notes: dict[str, Any]
+    ) -> Trajectory:
+        try:
+            return self._build(job, records, reward)
+        except Exception as exc:  # a builder bug costs the traces, not the session
+            notes["builder_error"] = f"{type(exc).__name__}: {exc}"
+            return Trajectory(status=job.status)
+
+    async def _evaluate(self, job: Job, diff: str, trajectory: Trajectory) -> EvalResult:
+        failure = job.failure
+        if failure is not None and (
+            failure["stage"] == "init" or failure["kind"] in ("agent_setup_failed", "agent_not_started")
+        ):  # nothing the agent did can be judged: masked
+            return eval_failure(failure["kind"], failure["reason"], mask_sample=True)
+        task = job.task
+        ctx = EvalContext(
+            task_id=task.task_id,
+            sample_index=job.sample_index,
+            instruction=task.instruction,
+            options=task.evaluator.options,
+            status=job.status,
+            diff=diff,
+            session_dir=job.session_dir,
+            agent_exit_code=job.agent_exit_code,
+            trajectory=trajectory,
+            runtime=job.runtime,
+            fresh_runtime=lambda: self.fresh_runtime(job),
+            metadata=task.metadata.model_dump(exclude_none=True),
+        )
+        return await run_evaluator(task.evaluator.name, ctx, timeout_s=task.evaluator.timeout_s)
 
     async def _hooks(self, job: Job, result: SessionResult) -> list[str]:
         errors = []
