@@ -67,3 +67,15 @@ def test_table_shape_on_a_tiny_config(chat_tokenizer: ChatTokenizer) -> None:
     rows = [ln for ln in table.splitlines() if ln.startswith(BUILDERS)]
     assert len(rows) == 2 * len(BUILDERS) * len(ARMS)
     assert "ω after 1 co-evolution steps" in table and "ground truth through the runner" in table
+
+
+def test_run_is_reproducible(chat_tokenizer: ChatTokenizer) -> None:
+    fc = FidelityConfig(
+        scenarios=("noisy",), seeds=(3,), tasks_in=2, tasks_out=0, samples=3,
+        adapt_steps=1, adapt_tasks=1, truth_calls=0, truth_runs=0,
+    )  # fmt: skip
+    a, b = run(fc, chat_tokenizer)["results"], run(fc, chat_tokenizer)["results"]
+    assert set(a) == set(b) and all(("noisy", "held-out", x, y) not in a for x in BUILDERS for y in ARMS)
+    for key in a:
+        for m in METRICS:
+            assert a[key][m] == pytest.approx(b[key][m], nan_ok=True)
