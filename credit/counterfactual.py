@@ -143,7 +143,11 @@ def apply_calibration(
     measurements: Sequence[Measurement],
     config: CounterfactualConfig | None = None,
 ) -> None:
-    """Correct the measured calls in place (the mean Δ over a call's variants) and record Δ in `calibrated`."""
+    """Correct the measured calls in place (the mean Δ over a call's variants) and record Δ in `calibrated`.
+
+    `factor[k]` follows the corrected credit (Â_v/Â_τ) so metrics computed from factors see the calibration;
+    where Â_τ = 0 the credit is 0 whatever the factor, and the factor is left as the structural share.
+    """
     cfg = config or CounterfactualConfig()
     by_call: dict[tuple[int, int], list[float]] = {}
     for m in measurements:
@@ -154,6 +158,9 @@ def apply_calibration(
         new = corrected_credit(a, k, delta, cfg)
         a.credit = a.credit.clone()
         a.credit[k] = new
+        if a.advantage != 0.0:
+            a.factor = a.factor.clone()
+            a.factor[k] = new / a.advantage
         a.calibrated[k] = delta
 
 

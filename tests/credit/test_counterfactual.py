@@ -101,6 +101,8 @@ def test_plan_alternative_wrong_decisive_edit_gives_delta_one_and_moves_credit()
     assert float(after[6]) == pytest.approx(float(before[6]) * 0.5)
     assert torch.equal(after[:4], before[:4])
     assert assigns[0].calibrated == {4: 1.0, 6: 0.0}
+    # the factors follow the calibrated credit, so factor-based metrics (reward hacking) see the calibration
+    torch.testing.assert_close(assigns[0].factor * assigns[0].advantage, after)
 
 
 def test_correction_modes() -> None:
