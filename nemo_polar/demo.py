@@ -24,6 +24,8 @@ __all__ = ["DEMO_HARNESSES", "DEMO_TASKS", "demo_tasks", "register"]
 DEMO_TASKS = ("median", "roman", "slugify")
 DEMO_HARNESSES = ("pi", "qwen_code")
 # live calls on a random-weight model are noise: keep them short
+# generous: forced steps are re-scored over the whole prompt (Qwen Code's is ~18k tokens), slow on a busy CPU
+DEMO_AGENT_TIMEOUT_S = 900.0
 DEMO_SAMPLING = {"max_tokens": 64, "temperature": 0.7, "chat_template_kwargs": {"enable_thinking": False}}
 
 
@@ -52,7 +54,9 @@ def register(subparsers: Any) -> None:
 def demo_tasks(names: list[str], harnesses: list[str]) -> list[Any]:
     from nemo_polar.collect.collect import example_tasks, expand_tasks
 
-    base = example_tasks(names, plans=("fix_plan", "live"), sampling=DEMO_SAMPLING)
+    base = example_tasks(
+        names, plans=("fix_plan", "live"), sampling=DEMO_SAMPLING, agent_timeout_s=DEMO_AGENT_TIMEOUT_S
+    )
     return expand_tasks(base, harnesses=harnesses, samples=2, builder="prefix_merging")
 
 
@@ -101,7 +105,10 @@ def _demo(args: argparse.Namespace) -> int:
     from nemo_polar.collect.collect import example_tasks
 
     spec_file = out / "demo_tasks.jsonl"
-    dump_jsonl(example_tasks(names, plans=("fix_plan", "live"), sampling=DEMO_SAMPLING), spec_file)
+    dump_jsonl(
+        example_tasks(names, plans=("fix_plan", "live"), sampling=DEMO_SAMPLING, agent_timeout_s=DEMO_AGENT_TIMEOUT_S),
+        spec_file,
+    )
     collect_args = argparse.Namespace(
         tasks=str(spec_file),
         harness=",".join(harnesses),
