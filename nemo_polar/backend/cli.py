@@ -89,7 +89,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument("--timeout-s", type=float, default=600.0, help="how long to wait for /health")
     p.set_defaults(func=_cmd_start)
 
-    p = sub.add_parser("stop", help="stop running servers (all of them without --port/--model)")
+    p = sub.add_parser(
+        "stop",
+        help="stop servers started by `polar backend start` (all, or --model's), or the one on --port",
+    )
     group = p.add_mutually_exclusive_group()
     group.add_argument("--port", type=int, default=None)
     group.add_argument("--model", choices=config.MODEL_NAMES, default=None)

