@@ -9,7 +9,7 @@
 #
 # The venv also gets what the polar_swe server process runs: torch (CPU; CALL-CREDIT's annotate imports it),
 # transformers/tokenizers (the proxy's prefix-preserving splice) at the project's pinned versions, pytest for the
-# Gym-side test runs, and nemo-polar itself editable without dependencies. Idempotent: a finished venv is marked
+# Gym-side test runs, nemo-polar itself editable without dependencies, and `server-venvs/` (see the end). Idempotent: a finished venv is marked
 # `.complete` and reused; the editable install is redone only when it points at another checkout.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -56,10 +56,24 @@ else
   echo "[gym-venv] reusing $VENV" >&2
 fi
 
-# nemo-polar editable, no dependencies (its runtime deps come with nemo-gym and the pins above)
-if ! "$VENV/bin/python" -c "import nemo_polar, sys, pathlib; \
-    sys.exit(0 if pathlib.Path(nemo_polar.__file__).resolve().parent == pathlib.Path('nemo_polar').resolve() else 1)" \
+# nemo-polar editable, no dependencies (its runtime deps come with nemo-gym and the pins above). Checked from /,
+# where the checkout's own directory cannot shadow the installed package.
+REPO=$(pwd)
+if ! (cd / && "$VENV/bin/python" -c "import nemo_polar, sys, pathlib; \
+    sys.exit(0 if pathlib.Path(nemo_polar.__file__).resolve().parent == pathlib.Path('$REPO/nemo_polar').resolve() else 1)") \
     2>/dev/null; then
-  quiet "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e . >&2
+  if ! "$VENV/bin/python" -m pip install -q --no-deps --no-build-isolation -e . >"$VENV/editable-install.log" 2>&1; then
+    cat "$VENV/editable-install.log" >&2
+    exit 1
+  fi
 fi
+# Gym starts each server from <uv_venv_dir>/<type>/<name>/.venv. These links let `uv_venv_dir=$VENV/server-venvs`
+# plus `skip_venv_if_present=true` run every server of our configs from this venv (no per-server uv install). They
+# live here, not under /tmp: the bubblewrap sandbox has a private /tmp, and the gateway's relay runs the server's
+# own interpreter inside it.
+for rel in resources_servers/polar_swe responses_api_agents/polar_agent environment_servers/legacy_agent \
+    responses_api_models/vllm_model; do
+  mkdir -p "$VENV/server-venvs/$rel"
+  ln -sfn "$VENV" "$VENV/server-venvs/$rel/.venv"
+done
 echo "$VENV"

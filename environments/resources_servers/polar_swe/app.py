@@ -167,6 +167,7 @@ class PolarSweVerifier:
 
 
 class PolarSweResourcesServer(PolarSweVerifier, SimpleResourcesServer):
+    ray_enabled = False  # the Polar stack schedules its own sessions; this process needs no Ray connection
     config: PolarSweResourcesServerConfig
     _stack: PolarStack | None = PrivateAttr(default=None)
     _closed: set[str] = PrivateAttr(default_factory=set)

@@ -74,6 +74,7 @@ class PolarAgentVerifyResponse(BaseVerifyResponse):
 
 
 class PolarAgent(SimpleResponsesAPIAgent):
+    ray_enabled = False
     config: PolarAgentConfig
 
     async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming = Body()) -> NeMoGymResponse:
