@@ -124,7 +124,7 @@ def call_client(kind: str, h: ProxyHandle, key: str, *, stream: bool, max_tokens
     if kind == "anthropic":
         c = anthropic.Anthropic(base_url=h.base_url, api_key=key, max_retries=0)
         kw = dict(
-            model="claude-sonnet-4-5",
+            model="claude-polar-test",  # any name maps to the served model (not in the SDK's deprecation list)
             max_tokens=max_tokens,
             messages=[{"role": "user", "content": PROMPT}],
             tools=[{"name": TOOL_NAME, "description": "run", "input_schema": TOOL_SCHEMA}],
