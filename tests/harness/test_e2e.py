@@ -194,6 +194,24 @@ def _check_forced_steps(plan: dict[str, Any], main: list[CompletionRecord], kind
         )
 
 
+def _wait_until_idle(stack: Stack, timeout_s: float = 300.0) -> None:
+    """Wait for the proxy to finish what is still in flight (a call the CLI abandoned when it exited, e.g. a title
+    generation, still completes and is recorded) — through its admin API."""
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    req = urllib.request.Request(
+        stack.proxy.base_url + "/admin/status", headers={"Authorization": f"Bearer {stack.proxy.control_token}"}
+    )
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            if json.loads(resp.read())["in_flight"] == 0:
+                return
+        time.sleep(0.5)
+    raise AssertionError(f"the proxy still had calls in flight after {timeout_s:.0f} s")
+
+
 def _first_drift(traj: Any) -> str:
     return json.dumps([t.metadata for t in traj.traces])[:2000]
 
@@ -243,6 +261,7 @@ def _run_plan(name: str, stack: Stack, tmp_path: Path, **ctx_extra: Any) -> list
     assert res.ok, detail
     assert (work / "notes.txt").read_text() == "hello polar\n", detail
 
+    _wait_until_idle(stack)
     records = sorted(stack.proxy.store.list_records(session.session_id, limit=10_000), key=lambda r: r.seq)
     counted = [r for r in stack.relay.seen[before:] if r in stack.relay.model_calls()]
     assert len(counted) == len(records), f"relay counted {len(counted)} model calls, proxy recorded {len(records)}"
@@ -293,6 +312,7 @@ def test_claude_code_forced_subagent_gets_its_own_chain(stack: Stack, tmp_path: 
     )
     res = stack.lt.run(run_harness(adapter, ctx, "Use a subagent to look around.", timeout_s=300), timeout=400)
     assert res.ok, f"exit {res.exit_code}\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}"
+    _wait_until_idle(stack)
     records = sorted(stack.proxy.store.list_records(session.session_id, limit=10_000), key=lambda r: r.seq)
     kinds = [r.call_kind for r in records]
     assert "subagent" in kinds and kinds.count("main") >= 2, kinds
