@@ -194,18 +194,25 @@ def test_pause_drains_in_flight_holds_new_calls_and_stamps_policy_version(fake_u
         _oa(h, s.api_key).chat.completions.create(model="m", messages=MSG)
         results[name] = time.time()
 
+    def wait_for(cond, what):
+        deadline = time.time() + 60
+        while not cond():
+            assert time.time() < deadline, what
+            time.sleep(0.02)
+
     t1 = threading.Thread(target=call, args=("before",))
     t1.start()
-    time.sleep(0.3)  # the first call is in flight
+    wait_for(lambda: h.proxy._in_flight == 1, "the first call never got in flight")
     status, out = h.admin("POST", "/admin/pause", {"timeout_s": 30})
     paused_at = time.time()
     assert status == 200 and out["drained"] is True and out["in_flight"] == 0
-    assert "before" in results  # pause returned only after the in-flight call finished
+    assert len(h.records(s.session_id)) == 1  # pause returned only after the in-flight call finished (committed)
     fake.behaviour.delay_s = 0
     t2 = threading.Thread(target=call, args=("during",))
     t2.start()
+    wait_for(lambda: s.next_seq == 2, "the second call never arrived")
     time.sleep(0.5)
-    assert "during" not in results  # held while paused
+    assert "during" not in results and h.proxy._in_flight == 0  # held at admission while paused
     assert h.admin("POST", "/admin/policy_version", {"policy_version": 4})[0] == 200
     assert h.admin("POST", "/admin/resume")[1]["paused"] is False
     t1.join(30)
