@@ -100,7 +100,7 @@ def run_collect(args: argparse.Namespace) -> int:
         accept_threshold=args.accept_threshold,
         credit=not args.no_credit,
     )
-    progress = CollectProgress(console, live=False if args.no_live else None)
+    progress = CollectProgress(console, live=False if args.no_live else None, accept_threshold=args.accept_threshold)
     try:
         with progress:
             report = collect(

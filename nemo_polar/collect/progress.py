@@ -35,7 +35,8 @@ _STAGES = (
 
 
 class CollectProgress:
-    def __init__(self, console: Console | None = None, *, live: bool | None = None):
+    def __init__(self, console: Console | None = None, *, live: bool | None = None, accept_threshold: float = 1.0):
+        self.accept_threshold = accept_threshold
         self.console = console or Console(stderr=True)
         self.use_live = self.console.is_terminal if live is None else live
         self.total = 0
@@ -82,7 +83,7 @@ class CollectProgress:
         self.rewards[harness].append(res.reward)
         masked = res.eval is None or res.eval.mask_sample or res.status == "ERROR"
         self.errors += int(masked)
-        self.accepted[harness] += int(not masked and res.reward >= 1.0)
+        self.accepted[harness] += int(not masked and res.reward >= self.accept_threshold)
         self.tokens += generated_tokens
         if self._live is not None:
             self._live.console.print(self._line(res), markup=False, highlight=False)
