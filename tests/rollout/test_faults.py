@@ -386,3 +386,50 @@ class RolloutServerHandle:
 
     async def stop(self) -> None:
         await self.runner.cleanup()
+
+
+def test_a_late_heartbeat_does_not_condemn_a_session_admitted_after_it(tmp_path: Path) -> None:
+    """Reconciliation uses the heartbeat's composition time: a report written before the dispatch does not make the
+    session lost; a report written after it (past the grace) without the session does. The node is a FAKE gateway
+    (a loopback app that admits everything) so the test controls every heartbeat."""
+    from aiohttp import web
+
+    from .helpers import serve
+
+    async def admit(request: web.Request) -> web.Response:
+        return web.json_response({"admitted": True}, status=202)
+
+    async def main() -> tuple[str, list[str]]:
+        node_app = web.Application()
+        node_app.router.add_post("/sessions", admit)
+        node_runner, node_url = await serve(node_app)
+        runner, url, server = await start_server(tmp_path, dispatch_grace_s=0.5)
+        try:
+            async with aiohttp.ClientSession() as http:
+                hello = {"node_id": "fake", "url": node_url, "capacity": 4, "active": [], "sent_at": time.time()}
+                async with http.post(url + "/nodes/register", json=hello) as r:
+                    assert r.status == 200
+                written_before = time.time()
+                async with PolarClient(url) as client:
+                    await client.submit(_sim_task("late", 1, 0.0))
+                for _ in range(200):
+                    if server.j.sessions(task_id="late", state="dispatched"):
+                        break
+                    await asyncio.sleep(0.02)
+                await asyncio.sleep(1.0)  # past the grace: only the composition time can save the session
+                late = {"active": [], "sent_at": written_before}
+                async with http.post(url + "/nodes/fake/heartbeat", json=late) as r:
+                    assert r.status == 200
+                after_late = [f"{row.session_id}:{row.state}" for row in server.j.sessions(task_id="late")]
+                fresh = {"active": [], "sent_at": time.time()}
+                async with http.post(url + "/nodes/fake/heartbeat", json=fresh) as r:
+                    assert r.status == 200
+                after_fresh = [f"{row.session_id}:{row.state}" for row in server.j.sessions(task_id="late")]
+            return ",".join(after_late), after_fresh
+        finally:
+            await runner.cleanup()
+            await node_runner.cleanup()
+
+    after_late, after_fresh = asyncio.run(main())
+    assert after_late == "late.s0.a0:dispatched"
+    assert "late.s0.a0:failed" in after_fresh and any(s.startswith("late.s0.a1:") for s in after_fresh)
