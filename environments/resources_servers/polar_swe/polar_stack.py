@@ -113,7 +113,11 @@ class PolarStack:
                 **extra,
             )
         ).start()
-        server = RolloutServer(ServerConfig(journal_path=str(work / "rollout.sqlite")))
+        # The gateway lives in this process: a heartbeat late because the loop was busy (a tokenizer load, a
+        # burst of commits on a loaded machine) is not a lost node, so the loss timeout is generous here.
+        server = RolloutServer(
+            ServerConfig(journal_path=str(work / "rollout.sqlite"), node_timeout_s=300.0, dispatch_grace_s=60.0)
+        )
         self._server_runner = web.AppRunner(server.make_app(), access_log=None)
         await self._server_runner.setup()
         await web.TCPSite(self._server_runner, "127.0.0.1", 0).start()
