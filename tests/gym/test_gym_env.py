@@ -77,6 +77,9 @@ def gym(gym_venv: Path, vllm_qwen3: Any, tmp_path_factory: pytest.TempPathFactor
                         "harness": HARNESS,
                         "builder": "prefix_merging",
                         "agent_options": {"max_turns": 12},
+                        # greedy, and a cap on the random-weight model's live calls (side calls, the turn after
+                        # the plan) so CPU generation stays short; forced steps are not capped
+                        "sampling": {"max_tokens": 48, "temperature": 0.0},
                         "agent_timeout_s": 300,
                         "session_timeout_s": 600,
                     }
