@@ -86,6 +86,11 @@ class ProxyConfig:
     chat_template: str | None = None
     eot_token_ids: list[int] | None = None
     tool_call_format: str = "hermes"
+    # Re-scoring a forced continuation asks vLLM for prompt_logprobs over the WHOLE prompt (no prefix cache, one
+    # vocabulary row per prompt token): affordable for short prompts only. Past this many prompt tokens the record
+    # keeps the grammar's logprobs and says so in `upstream.log_probs_source`; forced tokens are masked from
+    # training by default (`forced_policy: mask`), so only `forced_policy: keep` users need the re-scored values.
+    rescore_forced_max_prompt_tokens: int = 2048
 
 
 class Proxy:
@@ -636,6 +641,13 @@ class Proxy:
         assert res is not None
         gen.extra["forced_text"] = text
         gen.extra["grammar_log_probs"] = res.generation_log_probs
+        if len(res.prompt_token_ids) > self.config.rescore_forced_max_prompt_tokens:
+            gen.extra["log_probs_source"] = (
+                f"grammar (prompt of {len(res.prompt_token_ids)} tokens is over the re-scoring limit "
+                f"{self.config.rescore_forced_max_prompt_tokens})"
+            )
+            self._advance_tip(session, rec, gen)
+            return gen
         try:
             res.generation_log_probs = await self.engine.score(
                 res.prompt_token_ids, res.generation_token_ids, call.served_model, call.route_key

@@ -412,3 +412,20 @@ def test_token_ids_and_logprobs_never_reach_the_harness(fake_upstream, make_prox
     assert all(
         r.error is None and len(r.generation_token_ids) == fake.behaviour.n_gen for r in h.records(s.session_id)
     )
+
+
+def test_forced_steps_are_rescored_only_under_the_prompt_limit(fake_upstream, make_proxy):
+    fake = fake_upstream()
+    for limit, rescored in ((100_000, True), (0, False)):
+        h = make_proxy([fake.base_url], rescore_forced_max_prompt_tokens=limit)
+        s = h.session(plan={"version": 1, "steps": [{"text": "FORCED"}]})
+        n_before = sum(1 for r in fake.requests if r.get("prompt_logprobs") is not None)
+        assert _oa(h, s.api_key).chat.completions.create(model="m", messages=MSG).choices[0].message.content == (
+            "FORCED"
+        )
+        rec = h.records(s.session_id)[0]
+        n_after = sum(1 for r in fake.requests if r.get("prompt_logprobs") is not None)
+        assert (n_after - n_before == 1) is rescored
+        source = rec.upstream["log_probs_source"]
+        assert source == "prompt_logprobs" if rescored else "over the re-scoring limit" in source
+        assert len(rec.generation_log_probs) == len(rec.generation_token_ids) > 0
