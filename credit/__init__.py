@@ -14,25 +14,81 @@ API:
   `role_distributions`, `weakness_report`); all options in `CallCreditConfig`.
 """
 
-from .coevolution import CoevolutionState, estimate_role_effects, update_omega
-from .config import CallCreditConfig
-from .counterfactual import (
-    Alternative,
-    CounterfactualOutcome,
-    CounterfactualRequest,
-    CounterfactualRunner,
-    Measurement,
-    apply_calibration,
-    calibrate,
-    replay_plan,
-    select_calls,
-)
-from .curation import dpo_pairs, sampling_weights, write_dpo_jsonl
-from .fusion import fuse_batch, fuse_row, token_advantages
-from .graph import CallGraph, CallNode, Edge, annotate
-from .metrics import broadcast_factors, reward_hacking, role_distributions, weakness_report
-from .propagation import CreditAssignment, assign, group_advantages, propagate, rv_rewards
-from .roles import DEFAULT_TOOL_ROLES, adapter_tool_roles, openai_judge
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# Lazy exports (PEP 562): `polar` builds its parser by importing every subsystem's cli module, and this
+# package's submodules pull in torch; importing `nemo_polar.credit` itself must stay cheap.
+_EXPORTS: dict[str, str] = {
+    "Alternative": "counterfactual",
+    "CallCreditConfig": "config",
+    "CallGraph": "graph",
+    "CallNode": "graph",
+    "CoevolutionState": "coevolution",
+    "CounterfactualOutcome": "counterfactual",
+    "CounterfactualRequest": "counterfactual",
+    "CounterfactualRunner": "counterfactual",
+    "CreditAssignment": "propagation",
+    "DEFAULT_TOOL_ROLES": "roles",
+    "Edge": "graph",
+    "Measurement": "counterfactual",
+    "adapter_tool_roles": "roles",
+    "annotate": "graph",
+    "apply_calibration": "counterfactual",
+    "assign": "propagation",
+    "broadcast_factors": "metrics",
+    "calibrate": "counterfactual",
+    "dpo_pairs": "curation",
+    "estimate_role_effects": "coevolution",
+    "fuse_batch": "fusion",
+    "fuse_row": "fusion",
+    "group_advantages": "propagation",
+    "openai_judge": "roles",
+    "propagate": "propagation",
+    "replay_plan": "counterfactual",
+    "reward_hacking": "metrics",
+    "role_distributions": "metrics",
+    "rv_rewards": "propagation",
+    "sampling_weights": "curation",
+    "select_calls": "counterfactual",
+    "token_advantages": "fusion",
+    "update_omega": "coevolution",
+    "weakness_report": "metrics",
+    "write_dpo_jsonl": "curation",
+}
+
+if TYPE_CHECKING:
+    from .coevolution import CoevolutionState, estimate_role_effects, update_omega
+    from .config import CallCreditConfig
+    from .counterfactual import (
+        Alternative,
+        CounterfactualOutcome,
+        CounterfactualRequest,
+        CounterfactualRunner,
+        Measurement,
+        apply_calibration,
+        calibrate,
+        replay_plan,
+        select_calls,
+    )
+    from .curation import dpo_pairs, sampling_weights, write_dpo_jsonl
+    from .fusion import fuse_batch, fuse_row, token_advantages
+    from .graph import CallGraph, CallNode, Edge, annotate
+    from .metrics import broadcast_factors, reward_hacking, role_distributions, weakness_report
+    from .propagation import CreditAssignment, assign, group_advantages, propagate, rv_rewards
+    from .roles import DEFAULT_TOOL_ROLES, adapter_tool_roles, openai_judge
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "DEFAULT_TOOL_ROLES",
