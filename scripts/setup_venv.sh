@@ -37,11 +37,27 @@ else
 fi
 
 ln -sfn "$VENV" .venv
-# Editable install of the project itself (fast: no dependency resolution).
-if ! .venv/bin/python -c "import nemo_polar, nemo_polar.credit, nemo_polar.harness_adapters, sys; \
-    import pathlib; sys.exit(0 if pathlib.Path(nemo_polar.__file__).resolve().parent == pathlib.Path('nemo_polar').resolve() else 1)" 2>/dev/null; then
-  .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e . 2>&1 \
-    | sed -e '/WARNING: Location .* is ignored/d' -e '/BuildBackendWarning/d'
-  test "${PIPESTATUS[0]}" = 0
+# Editable install of the project itself (fast: no dependency resolution). The venv is shared by every checkout
+# with the same constraints, so re-point it when its editable install belongs to another checkout. Checked from
+# outside the repo: inside it, `nemo_polar` would import from the working directory whatever the install says.
+HERE="$(pwd)"
+if ! (cd / && "$HERE/.venv/bin/python" - "$HERE" <<'PYEOF'
+import sys
+from pathlib import Path
+
+root = Path(sys.argv[1]).resolve()
+import nemo_polar, nemo_polar.credit, nemo_polar.harness_adapters  # noqa: E401
+
+want = {nemo_polar: root / "nemo_polar", nemo_polar.credit: root / "credit",
+        nemo_polar.harness_adapters: root / "harness_adapters"}
+sys.exit(0 if all(Path(m.__file__).resolve().parent == d for m, d in want.items()) else 1)
+PYEOF
+) 2>/dev/null; then
+  log="$(mktemp)"  # setuptools' build warnings are noise unless the install fails
+  if ! .venv/bin/python -m pip install -q --no-deps --no-build-isolation -e . >"$log" 2>&1; then
+    cat "$log"; rm -f "$log"; exit 1
+  fi
+  rm -f "$log"
+  echo "[setup] installed this checkout editable"
 fi
 echo "[setup] venv ready: .venv -> $VENV"
