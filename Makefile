@@ -42,8 +42,9 @@ demo: venv deps backend
 	@$(POLAR) harness install qwen_code
 	@$(POLAR) demo
 
+# every benchmark script, one after the other (each prints its own side-by-side ratios)
 bench: venv backend
-	$(PY) benchmarks/run_all.py
+	@set -e; for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f; done
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
