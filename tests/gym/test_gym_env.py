@@ -76,6 +76,9 @@ def gym(gym_venv: Path, vllm_qwen3: Any, tmp_path_factory: pytest.TempPathFactor
                     "polar_agent": {
                         "harness": HARNESS,
                         "builder": "prefix_merging",
+                        # the plan's forced calls are masked by default (never trained by accident); keeping them
+                        # here gives the record trainable calls whose token fields the contiguity rule can check
+                        "builder_options": {"forced_policy": "keep"},
                         "agent_options": {"max_turns": 12},
                         # greedy, and a cap on the random-weight model's live calls (side calls, the turn after
                         # the plan) so CPU generation stays short; forced steps are not capped
