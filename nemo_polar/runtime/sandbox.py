@@ -199,12 +199,12 @@ class Sandbox:
             out += ["--info-fd", str(info_fd)]
         out += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         out += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-        ro: list[Path] = [*spec.ro_binds]
         if spec.hide_host_home:
-            host_home = Path.home()
-            out += ["--tmpfs", str(host_home)]
-            # keep what runs the harness visible: installed CLIs and venvs, and the Python they point at
-            ro += [host_cache_root(), Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).parent]
+            out += ["--tmpfs", str(Path.home())]
+        # keep what runs the harness visible even where it lives under the hidden home or the fresh /tmp (a checkout
+        # or cache under /tmp): installed CLIs and venvs, the Python they point at, and the relay script
+        ro: list[Path] = [*spec.ro_binds, host_cache_root(), Path(sys.prefix), Path(sys.base_prefix)]
+        ro += [Path(sys.executable).parent, RELAY_SCRIPT.parent]
         # bind real paths only (a symlinked venv resolves into the cache); skip what is not under the hidden home
         for p in dict.fromkeys(Path(os.path.realpath(r)) for r in ro):
             out += ["--ro-bind-try", str(p), str(p)]

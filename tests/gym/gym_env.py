@@ -112,6 +112,9 @@ class GymEnv:
         env["NEMO_GYM_EXTRA_ROOTS"] = str(ENVIRONMENTS)
         env["PATH"] = f"{self.venv / 'bin'}:{env.get('PATH', '')}"
         env["RAY_TMPDIR"] = str(self.work / "ray")
+        # single-node Ray on loopback: otherwise Ray advertises the machine's interface address, and tests only
+        # ever talk to 127.0.0.1
+        env["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
         env.pop("VIRTUAL_ENV", None)
         return env
 
