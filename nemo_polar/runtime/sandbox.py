@@ -204,10 +204,17 @@ class Sandbox:
         # keep what runs the harness visible even where it lives under the hidden home or the fresh /tmp (a checkout
         # or cache under /tmp): installed CLIs and venvs, the Python they point at, and the relay script
         ro: list[Path] = [*spec.ro_binds, host_cache_root(), Path(sys.prefix), Path(sys.base_prefix)]
-        ro += [Path(sys.executable).parent, RELAY_SCRIPT.parent]
-        # bind real paths only (a symlinked venv resolves into the cache); skip what is not under the hidden home
-        for p in dict.fromkeys(Path(os.path.realpath(r)) for r in ro):
-            out += ["--ro-bind-try", str(p), str(p)]
+        ro += [Path(sys.executable).parent, RELAY_SCRIPT.parent, RELAY_SCRIPT.parents[2]]
+        # each at its real path, and also at the path it is used by when that goes through a symlink (a checkout's
+        # `.venv` link into the cache), so `sys.executable` and the venv it belongs to work inside
+        pairs: dict[tuple[str, str], None] = {}
+        for r in ro:
+            real = os.path.realpath(r)
+            pairs[(real, real)] = None
+            if os.path.abspath(r) != real:
+                pairs[(real, os.path.abspath(r))] = None
+        for src, dest in pairs:
+            out += ["--ro-bind-try", src, dest]
         for p in dict.fromkeys([*spec.rw_binds, spec.home, spec.workdir, self._ctl]):
             out += ["--bind", str(p), str(p)]
         out += ["--clearenv"]
