@@ -207,12 +207,15 @@ class Sandbox:
         ro += [Path(sys.executable).parent, RELAY_SCRIPT.parent, RELAY_SCRIPT.parents[2]]
         # each at its real path, and also at the path it is used by when that goes through a symlink (a checkout's
         # `.venv` link into the cache), so `sys.executable` and the venv it belongs to work inside
+        # (only where the alias is hidden: under the fresh /tmp or the hidden home; elsewhere the read-only root
+        # already shows the link, and a mount point cannot be made over it)
+        hidden = ["/tmp"] + ([str(Path.home())] if spec.hide_host_home else [])
         pairs: dict[tuple[str, str], None] = {}
         for r in ro:
-            real = os.path.realpath(r)
+            real, alias = os.path.realpath(r), os.path.abspath(r)
             pairs[(real, real)] = None
-            if os.path.abspath(r) != real:
-                pairs[(real, os.path.abspath(r))] = None
+            if alias != real and any(alias.startswith(h.rstrip("/") + "/") for h in hidden):
+                pairs[(real, alias)] = None
         for src, dest in pairs:
             out += ["--ro-bind-try", src, dest]
         for p in dict.fromkeys([*spec.rw_binds, spec.home, spec.workdir, self._ctl]):
