@@ -210,11 +210,13 @@ class Sandbox:
         # (only where the alias is hidden: under the fresh /tmp or the hidden home; elsewhere the read-only root
         # already shows the link, and a mount point cannot be made over it)
         hidden = ["/tmp"] + ([str(Path.home())] if spec.hide_host_home else [])
+        reals = {os.path.realpath(r) for r in ro}
         pairs: dict[tuple[str, str], None] = {}
         for r in ro:
             real, alias = os.path.realpath(r), os.path.abspath(r)
             pairs[(real, real)] = None
-            if alias != real and any(alias.startswith(h.rstrip("/") + "/") for h in hidden):
+            visible = any(alias.startswith(x.rstrip("/") + "/") for x in reals)  # inside a bound tree: a link there
+            if alias != real and not visible and any(alias.startswith(h.rstrip("/") + "/") for h in hidden):
                 pairs[(real, alias)] = None
         for src, dest in pairs:
             out += ["--ro-bind-try", src, dest]
