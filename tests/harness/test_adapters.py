@@ -144,6 +144,7 @@ def test_codex_classification_reads_its_turn_metadata() -> None:
         return {"client_metadata": {"x-codex-turn-metadata": json.dumps(meta)}}
 
     tools = _req("dev", ("exec_command",))
+    # Codex names agents by their place in its agent tree ("/root" is the main agent), not by a file path
     assert c(tools, original(agent_name="/root", request_kind="turn")) == CallKind.MAIN
     assert c(tools, original(agent_name="/root/worker_1", request_kind="turn")) == CallKind.SUBAGENT
     assert c(tools, original(agent_name="/root", request_kind="compact")) == CallKind.SIDE
