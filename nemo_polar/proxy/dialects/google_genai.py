@@ -9,9 +9,10 @@ concatenated as generated, a user turn's joined like any part array), inline/fil
 without `id`, as Pi sends them, are paired by name and position within the turn); `thoughtSignature`s kept in
 `extra`; tools from `functionDeclarations` (`parametersJsonSchema`, or OpenAPI-style `parameters` with its upper-case
 types lowered); `toolConfig.functionCallingConfig` modes; `generationConfig` sampling, `responseMimeType` +
-`responseJsonSchema`/`responseSchema` → `response_format`. Field names are accepted in camelCase and snake_case
-(both are valid proto JSON). Renders a `ChatResult` as a GenerateContentResponse body or its SSE chunks, the last
-carrying `finishReason` and `usageMetadata`. Does no I/O; never renders token ids or logprobs.
+`responseJsonSchema`/`responseSchema` (upper-case types lowered in both: Gemini CLI's router sends them) →
+`response_format`. Field names are accepted in camelCase and snake_case (both are valid proto JSON). Renders a
+`ChatResult` as a GenerateContentResponse body or its SSE chunks, the last carrying `finishReason` and
+`usageMetadata`. Does no I/O; never renders token ids or logprobs.
 """
 
 from __future__ import annotations
@@ -352,7 +353,7 @@ def _thinking(gc: dict[str, Any], extra: dict[str, Any]) -> bool | None:
 def _response_format(gc: dict[str, Any]) -> dict[str, Any] | None:
     mime = opt_str(gc, "responseMimeType", "generationConfig.responseMimeType")
     if gc.get("responseJsonSchema") is not None:
-        schema = schema_dict(gc["responseJsonSchema"], "generationConfig.responseJsonSchema")
+        schema = lower_types(schema_dict(gc["responseJsonSchema"], "generationConfig.responseJsonSchema"))
     elif gc.get("responseSchema") is not None:
         schema = lower_types(schema_dict(gc["responseSchema"], "generationConfig.responseSchema"))
     else:

@@ -354,6 +354,16 @@ def test_google_response_schema_and_thinking() -> None:
         "type": "object",
         "properties": {"a": {"type": "string"}},
     }
+    router = goog(  # Gemini CLI's model router: OpenAPI-style upper-case types inside `responseJsonSchema`
+        generationConfig={
+            "responseMimeType": "application/json",
+            "responseJsonSchema": {"type": "OBJECT", "properties": {"score": {"type": "INTEGER"}}},
+        }
+    )
+    assert router.response_format["json_schema"]["schema"] == {
+        "type": "object",
+        "properties": {"score": {"type": "integer"}},
+    }
     assert goog(generationConfig={"responseMimeType": "application/json"}).response_format == {"type": "json_object"}
     assert goog(generationConfig={"thinkingConfig": {"thinkingBudget": -1, "includeThoughts": True}}).reasoning is True
 
