@@ -233,7 +233,7 @@ class HarnessAdapter:
             if self.write_tool is None:
                 raise PlanError(f"{self.name} has no write tool")
             return [{"tool": self.write_tool, "arguments": self.write_arguments(ctx, path, content)}]
-        if any(k in step for k in ("tool", "text", "live", "replay")):
+        if any(k in step for k in ("tool", "text", "live", "replay", "next_best")):
             return [dict(step)]
         raise PlanError(f"unknown plan step kind: {sorted(step)}")
 

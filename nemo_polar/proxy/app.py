@@ -541,7 +541,10 @@ class Proxy:
         """A complete (non-streaming) generation for this call: live, forced or replayed."""
         if step is not None and "replay" in step:
             rec.origin = Origin.REPLAYED.value
-            return await self._replay(call, step["replay"])
+            return await self._replay(session, rec, call, step)
+        if step is not None and "next_best" in step:
+            rec.origin = Origin.LIVE.value
+            return await self._next_best(session, rec, call, step)
         text = plans.forced_text(step, self.config.tool_call_format) if step else None
         if text is not None:
             rec.origin = Origin.FORCED.value
@@ -658,18 +661,82 @@ class Proxy:
         self._advance_tip(session, rec, gen)
         return gen
 
-    async def _replay(self, call: EngineCall, record_id: str) -> Generation:
+    async def _replay(
+        self, session: Session, rec: CompletionRecord, call: EngineCall, step: dict[str, Any]
+    ) -> Generation:
+        record_id = step["replay"]
         src = self.store.get_record(record_id)
+        if src is None and isinstance(step.get("record"), dict):
+            src = plans.record_from_inline(record_id, step["record"])
         if src is None or src.error is not None:
             raise ProviderError(500, "api_error", f"plan replays record {record_id!r}, which is missing or failed")
         res = plans.result_from_record(src)
         gen = Generation(result=res, sent_at=time.time(), extra={"replayed_from": record_id})
+        if "sampling" in src.request:  # render the prompt as the recorded call was rendered (forced: thinking off)
+            ctk = src.request["sampling"].get("chat_template_kwargs")
+            call.sampling = {k: v for k, v in call.sampling.items() if k != "chat_template_kwargs"}
+            if ctk:
+                call.sampling["chat_template_kwargs"] = ctk
+            rec.request["sampling"] = call.sampling
         try:
-            res.prompt_token_ids = await self.engine.tokenize(call)
+            prompt = await self._spliced_prompt(session, rec, call)
+            res.prompt_token_ids = prompt if prompt is not None else await self.engine.tokenize(call)
             res.prompt_tokens = len(res.prompt_token_ids)
+            # later calls splice onto the replayed turn, as they did onto the recorded one
+            self._advance_tip(session, rec, gen)
         except ProviderError as exc:
             gen.extra["prompt_ids_error"] = exc.message
         gen.first_byte_at = gen.finished_at = time.time()
+        return gen
+
+    async def _next_best(
+        self, session: Session, rec: CompletionRecord, call: EngineCall, step: dict[str, Any]
+    ) -> Generation:
+        """`n` seeded samples from this call's context; the best one that differs from the excluded record."""
+        try:
+            opts = plans.next_best_options(step)
+        except ValueError as exc:
+            raise ProviderError(500, "api_error", f"plan step: {exc}") from exc
+        exclude = opts.exclude_response
+        if exclude is None and opts.exclude_record is not None:
+            src = self.store.get_record(opts.exclude_record)
+            exclude = src.response if src is not None else None
+        prompt = await self._spliced_prompt(session, rec, call)
+        gens: list[Generation] = []
+        for i in range(opts.n):  # one after another: a seed's sample does not depend on what it is batched with
+            sampling = {**call.sampling, "temperature": opts.temperature, "seed": opts.seed + i}
+            c = EngineCall(call.request, call.served_model, sampling, call.route_key, dict(call.extra))
+            if prompt is not None:
+                g = await self._complete_spliced(c, prompt, extra=None)
+            else:
+                if self.config.prefix_preserving == "nemo_rl" and rec.call_kind == CallKind.MAIN.value:
+                    if session.chain_tip:
+                        c.extra["required_prefix_token_ids"] = session.chain_tip
+                g = await self.engine.chat(c)
+            gens.append(g)
+        results = [g.result for g in gens if g.result is not None]
+        best, same = plans.pick_next_best(results, exclude)
+        gen = gens[best]
+        call.sampling = {**call.sampling, "temperature": opts.temperature, "seed": opts.seed + best}
+        rec.request["sampling"] = call.sampling
+        gen.extra["next_best"] = {
+            "seed": opts.seed,
+            "n": opts.n,
+            "temperature": opts.temperature,
+            "exclude_record": opts.exclude_record,
+            "chosen": best,
+            "identical": same[best],
+            "candidates": [
+                {
+                    "seed": opts.seed + i,
+                    "log_prob": sum(r.generation_log_probs),
+                    "tokens": len(r.generation_token_ids),
+                    "identical": same[i],
+                }
+                for i, r in enumerate(results)
+            ],
+        }
+        self._advance_tip(session, rec, gen)
         return gen
 
     # -- streaming reply ---------------------------------------------------------------------------------------------

@@ -6,8 +6,13 @@
   vLLM's `structured_outputs: {"choice": [TEXT]}` so the token ids recorded are the ones the model's grammar
   produced.
 - `{"text": "..."}` → that text, forced the same way.
-- `{"replay": record_id}` → a stored record's response, served without calling the model.
+- `{"replay": record_id}` → a stored record's response, served without calling the model. The step may carry the
+  record inline (`"record": {response, finish_reason, generation_token_ids, generation_log_probs, served_model,
+  request: {sampling}}`), so a session replays a run recorded by another proxy (counterfactual replay).
 - `{"live": true}` → a normal generation.
+- `{"next_best": {"seed": s, "n": 4, "temperature": 1.0, "exclude_record": id, "exclude_response": {...}}}` →
+  `n` samples from the same context (seeds s, s+1, …), and the best one (highest total log-probability) whose
+  action differs from the excluded record's (`action_key`: tool names and parsed arguments, else the text).
 
 Also: Hermes tool-call parsing for the prefix-preserving path, where the proxy generates from token ids itself.
 This module does no I/O.
@@ -18,12 +23,23 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from nemo_polar.proxy.normalized import ChatResult, ToolCall
 from nemo_polar.types import CompletionRecord
 
-__all__ = ["forced_text", "parse_hermes", "result_from_record"]
+__all__ = [
+    "NextBest",
+    "action_key",
+    "forced_text",
+    "next_best_options",
+    "parse_hermes",
+    "pick_next_best",
+    "record_from_inline",
+    "result_from_record",
+]
 
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 _THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL)
@@ -100,3 +116,86 @@ def result_from_record(rec: CompletionRecord) -> ChatResult:
         generation_log_probs=list(rec.generation_log_probs),
         served_model=rec.served_model or "",
     )
+
+
+def record_from_inline(record_id: str, data: Mapping[str, Any]) -> CompletionRecord:
+    """A `replay` step's inline record (see the module docstring) as a `CompletionRecord`."""
+    resp = data.get("response")
+    gen = data.get("generation_token_ids", [])
+    lps = data.get("generation_log_probs", [])
+    if not isinstance(resp, Mapping) or not isinstance(gen, list) or not isinstance(lps, list) or len(gen) != len(lps):
+        raise ValueError("an inline replay record needs response, and generation_token_ids/_log_probs of one length")
+    return CompletionRecord(
+        id=record_id,
+        session_id=str(data.get("session_id") or "inline"),
+        seq=int(data.get("seq") or 0),
+        dialect=str(data.get("dialect") or "openai_chat"),
+        request=dict(data.get("request") or {}),
+        response=dict(resp),
+        finish_reason=data.get("finish_reason"),
+        generation_token_ids=[int(t) for t in gen],
+        generation_log_probs=[float(x) for x in lps],
+        served_model=data.get("served_model"),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class NextBest:
+    """A validated `next_best` step."""
+
+    seed: int = 0
+    n: int = 4
+    temperature: float = 1.0
+    exclude_record: str | None = None
+    exclude_response: Mapping[str, Any] | None = None
+
+
+def next_best_options(step: Mapping[str, Any]) -> NextBest:
+    """The options of a `{"next_best": {...}}` step; `ValueError` names what is wrong."""
+    spec = step.get("next_best")
+    if not isinstance(spec, Mapping):
+        raise ValueError("next_best must be an object")
+    unknown = set(spec) - {"seed", "n", "temperature", "exclude_record", "exclude_response"}
+    if unknown:
+        raise ValueError(f"next_best: unknown field(s) {sorted(unknown)}")
+    seed, n, temp = spec.get("seed", 0), spec.get("n", 4), spec.get("temperature", 1.0)
+    if type(seed) is not int or type(n) is not int or n < 2 or n > 64:
+        raise ValueError("next_best: seed must be an int and n an int in 2..64")
+    if isinstance(temp, bool) or not isinstance(temp, (int, float)) or temp <= 0:
+        raise ValueError("next_best: temperature must be a number > 0 (seeded sampling, not greedy)")
+    excl, resp = spec.get("exclude_record"), spec.get("exclude_response")
+    if excl is not None and not isinstance(excl, str):
+        raise ValueError("next_best.exclude_record must be a record id")
+    if resp is not None and not isinstance(resp, Mapping):
+        raise ValueError("next_best.exclude_response must be a record's response object")
+    return NextBest(seed, n, float(temp), excl, resp)
+
+
+def action_key(response: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What makes two responses the same action: their tool calls (name, parsed arguments) in order; for a reply
+    without tool calls, its stripped text. Call ids, reasoning and whitespace around a call do not count."""
+    calls = []
+    for tc in response.get("tool_calls") or ():
+        fn = tc.get("function") or {}
+        args = fn.get("arguments")
+        try:
+            parsed = json.loads(args) if isinstance(args, str) else args
+        except ValueError:
+            parsed = args
+        calls.append((fn.get("name"), json.dumps(parsed, sort_keys=True, ensure_ascii=False)))
+    if calls:
+        return ("tools", tuple(calls))
+    return ("text", str(response.get("content") or "").strip())
+
+
+def pick_next_best(candidates: Sequence[ChatResult], exclude: Mapping[str, Any] | None) -> tuple[int, list[bool]]:
+    """Index of the best candidate (highest total log-probability; ties: the lower index) among those whose action
+    differs from `exclude`, and which candidates were identical to it. When every candidate is identical the best
+    of all is returned; the caller marks the record (the counterfactual runner then skips it)."""
+    if not candidates:
+        raise ValueError("no candidates")
+    ex = action_key(exclude) if exclude is not None else None
+    same = [ex is not None and action_key(c.response_dict()) == ex for c in candidates]
+    pool = [i for i in range(len(candidates)) if not same[i]] or list(range(len(candidates)))
+    best = max(pool, key=lambda i: (sum(candidates[i].generation_log_probs), -i))
+    return best, same

