@@ -199,3 +199,59 @@ def test_wrong_method_and_admin_without_token(served):
     assert got == 401
     got, _ = http_json("POST", base + "/admin/pause", {})
     assert got == 401
+
+
+# The dialects' other routes and every key form: the same guarantees (a provider-shaped 4xx, an unknown key → 401
+# and no session created), checked in the error shape of the dialect that serves the route.
+_ANTH = {"model": "claude-x", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]}
+_CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+_GOOG = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
+_RESP = {"model": "m", "input": "hi"}
+_PATHS = {
+    "anthropic_messages": ("/v1/messages?beta=true", _ANTH),
+    "openai_chat": ("/v1/chat/completions", _CHAT),
+    "openai_responses": ("/v1/responses", _RESP),
+    "google_genai": ("/v1beta/models/gemini-x:streamGenerateContent?alt=sse", _GOOG),
+}
+_G = "/v1beta/models/gemini-x:"
+_KA, _KG = {"x-api-key": "KEY"}, {"x-goog-api-key": "KEY"}  # "KEY" → the session's key
+_UNKNOWN = "polar-unknown"
+_AC = "/v1/messages/count_tokens"
+_BEARER = {"Authorization": f"Bearer {_UNKNOWN}"}
+_KG_UNKNOWN = {"x-goog-api-key": _UNKNOWN}
+OTHER_ROUTES = [
+    # (dialect, name, path, body (bytes are sent as they are), headers, status)
+    ("anthropic_messages", "count_tokens malformed JSON", _AC, b'{"model":', _KA, 400),
+    ("anthropic_messages", "count_tokens messages wrong type", _AC, {**_ANTH, "messages": 5}, _KA, 400),
+    ("anthropic_messages", "count_tokens unknown key", _AC, _ANTH, {"x-api-key": _UNKNOWN}, 401),
+    ("anthropic_messages", "unknown bearer key", "/v1/messages?beta=true", _ANTH, _BEARER, 401),
+    ("openai_chat", "unknown bearer key", "/v1/chat/completions", _CHAT, _BEARER, 401),
+    ("openai_chat", "empty bearer", "/v1/chat/completions", _CHAT, {"Authorization": "Bearer "}, 401),
+    ("openai_responses", "unknown bearer key", "/v1/responses", _RESP, _BEARER, 401),
+    ("google_genai", "countTokens malformed JSON", _G + "countTokens", b"{", _KG, 400),
+    ("google_genai", "countTokens contents wrong type", _G + "countTokens", {"contents": 5}, _KG, 400),
+    ("google_genai", "countTokens unknown key", _G + "countTokens", _GOOG, _KG_UNKNOWN, 401),
+    ("google_genai", "stream malformed JSON", _G + "streamGenerateContent?alt=sse", b"{", _KG, 400),
+    ("google_genai", "stream unknown key", _G + "streamGenerateContent?alt=sse", _GOOG, _KG_UNKNOWN, 401),
+    ("google_genai", "unknown key in ?key=", _G + f"generateContent?key={_UNKNOWN}", _GOOG, {}, 401),
+    ("google_genai", "v1 route bad contents", "/v1/models/gemini-x:generateContent", {"contents": "hi"}, _KG, 400),
+] + [
+    (d, "unknown key in the /s/{key}/ path", f"/s/{_UNKNOWN}" + path, body, {}, 401)
+    for d, (path, body) in _PATHS.items()
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("dialect", "name", "path", "body", "headers", "status"),
+    OTHER_ROUTES,
+    ids=[f"{r[0]}:{r[1]}" for r in OTHER_ROUTES],
+)
+def test_other_routes_and_key_forms_are_provider_shaped_4xx(served, dialect, name, path, body, headers, status):
+    base, session, fake, proxy, _ = served
+    headers = {k: (session.api_key if v == "KEY" else v) for k, v in headers.items()}
+    n_before, n_sessions = len(fake.requests), len(proxy.sessions.all())
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    got, out = http_json("POST", base + path, raw=raw, headers=headers)
+    assert got == status, (name, out)
+    assert DIALECTS[dialect][3](got, out), out
+    assert len(fake.requests) == n_before and len(proxy.sessions.all()) == n_sessions
