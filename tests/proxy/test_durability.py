@@ -4,11 +4,13 @@
 The proxy runs as a real subprocess (`python -m nemo_polar.cli proxy …`) in front of a FAKE upstream subprocess that
 streams slowly (so a stream is reliably in flight at the kill). After a restart on the same store: every record
 whose terminal part a client received is there, the stream that was cut mid-way is a failure record, the session
-and its key survived, and sequence numbers continue.
+and its key survived, and sequence numbers continue. Streams delivered before the kill end with each dialect's own
+terminal part (`[DONE]`, `message_stop`, `response.completed`, the Google chunk carrying `finishReason`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -66,6 +68,44 @@ def _start_proxy(port: int, upstream: str, store: str) -> subprocess.Popen[bytes
     return p
 
 
+# complete streams in the other three dialects: (path, key header, body, terminal part, text of a data payload)
+STREAMS = [
+    (
+        "/v1/messages?beta=true",
+        "x-api-key",
+        {"model": "claude-x", "max_tokens": 64, "stream": True, "messages": [{"role": "user", "content": "a0"}]},
+        b"event: message_stop",
+        lambda d: d.get("delta", {}).get("text", "") if d.get("type") == "content_block_delta" else "",
+    ),
+    (
+        "/v1/responses",
+        "authorization",
+        {"model": "m", "input": "r0", "stream": True},
+        b"event: response.completed",
+        lambda d: d.get("delta", "") if d.get("type") == "response.output_text.delta" else "",
+    ),
+    (
+        "/v1beta/models/gemini-x:streamGenerateContent?alt=sse",
+        "x-goog-api-key",
+        {"contents": [{"role": "user", "parts": [{"text": "g0"}]}]},
+        b'"finishReason"',
+        lambda d: "".join(p.get("text", "") for c in d.get("candidates", []) for p in c["content"].get("parts", [])),
+    ),
+]
+
+
+def _stream_text(url: str, header: str, key: str, body: dict[str, object], terminal: bytes, text_of) -> str:
+    value = f"Bearer {key}" if header == "authorization" else key
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST", headers={header: value, "content-type": "application/json"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        raw = resp.read()  # the whole stream, terminal part included
+    assert terminal in raw, raw[-300:]
+    payloads = [line[6:] for line in raw.decode().splitlines() if line.startswith("data: ")]
+    return "".join(text_of(json.loads(d)) for d in payloads if d != "[DONE]")
+
+
 @pytest.mark.slow
 def test_sigkill_mid_session_loses_no_delivered_record(tmp_path):
     up_port, px_port = _free_port(), _free_port()
@@ -99,6 +139,9 @@ def test_sigkill_mid_session_loses_no_delivered_record(tmp_path):
                 if ch.choices
             )
             delivered.append(text)
+        for path, header, body, terminal, text_of in STREAMS:
+            delivered.append(_stream_text(base + path, header, s["api_key"], body, terminal, text_of))
+        assert all(delivered)
 
         got_chunks = threading.Event()
         outcome: dict[str, object] = {}
