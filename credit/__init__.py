@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """CALL-CREDIT (imported as `nemo_polar.credit`): call-level causal credit for agentic RL.
 
-Pure: imports only `nemo_polar.types` and `nemo_polar.trajectory` (plus torch, numpy, pydantic). The only
-NeMo RL touch point is `nemo_polar.credit.nemo_rl`, which imports `nemo_rl` lazily.
+Pure: imports only `nemo_polar.types` and `nemo_polar.trajectory` (plus torch, numpy, pydantic), except
+`counterfactual_rollout` (`RolloutRunner`), the one module that talks to the rollout service. The only NeMo RL
+touch point is `nemo_polar.credit.nemo_rl`, which imports `nemo_rl` lazily.
 
 API:
 - `annotate(records | trajectory, …) -> CallGraph` — roles (IG/AE/RV/OTHER, with evidence) and causal edges;
@@ -10,7 +11,7 @@ API:
   Â_v = Â_τ · ω_role · outdeg share · γ^(|τ|−pos);
 - `token_advantages(trajectory, graph, assignment, config)` / `fuse_batch(...)` — Ã_t = α·A^GRPO + (1−α)·Â_v(t);
 - curation (`dpo_pairs`, `sampling_weights`, `rv_rewards`), co-evolution (`CoevolutionState`, `coevolution.step`),
-  counterfactual calibration (`CounterfactualRunner`, `calibrate`), metrics (`reward_hacking`,
+  counterfactual calibration (`CounterfactualRunner`, `calibrate`, `RolloutRunner`), metrics (`reward_hacking`,
   `role_distributions`, `weakness_report`); all options in `CallCreditConfig`.
 """
 
@@ -32,6 +33,7 @@ _EXPORTS: dict[str, str] = {
     "CounterfactualRunner": "counterfactual",
     "CreditAssignment": "propagation",
     "DEFAULT_TOOL_ROLES": "roles",
+    "RolloutRunner": "counterfactual_rollout",
     "Edge": "graph",
     "Measurement": "counterfactual",
     "adapter_tool_roles": "roles",
@@ -73,6 +75,7 @@ if TYPE_CHECKING:
         replay_plan,
         select_calls,
     )
+    from .counterfactual_rollout import RolloutRunner
     from .curation import dpo_pairs, sampling_weights, write_dpo_jsonl
     from .fusion import fuse_batch, fuse_row, token_advantages
     from .graph import CallGraph, CallNode, Edge, annotate
@@ -103,6 +106,7 @@ __all__ = [
     "CreditAssignment",
     "Edge",
     "Measurement",
+    "RolloutRunner",
     "adapter_tool_roles",
     "annotate",
     "apply_calibration",

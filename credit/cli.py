@@ -4,6 +4,11 @@
 Prints per harness: the reward-hacking rate (CALL-CREDIT vs outcome broadcast), per-role credit
 distributions, and the weakness report (unused reads, unverified edits, uncorrected failures). `--json`
 prints the same as JSON. `--config` takes a YAML or JSON `CallCreditConfig`. The work is `runio.py`'s.
+
+`--counterfactual URL` calibrates the selected AE calls by counterfactual replay through the rollout server at URL
+(`polar serve --upstream …`; the config key `counterfactual.rollout_url` does the same): each session's task from
+`RUN_DIR/tasks.jsonl` re-runs with the recorded calls before k replayed and `--alternative` at k (`next_best`, or
+`plan` with `--plans FILE`: a JSON object mapping record ids to plan steps, e.g. `{"edit": {path, old, new}}`).
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--config", type=Path, default=None, help="CallCreditConfig as YAML or JSON")
     p.add_argument("--out", default="credit.jsonl", help="output file name inside RUN_DIR")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
+    p.add_argument("--counterfactual", metavar="URL", default=None, help="calibrate through this rollout server")
+    p.add_argument("--alternative", choices=("next_best", "plan"), default=None, help="what replaces call k")
+    p.add_argument("--plans", type=Path, default=None, help="JSON object: record id -> plan step (alternative plan)")
+    p.add_argument("--budget", type=int, default=None, help="counterfactual runs in all")
     p.set_defaults(func=_main)
 
 
@@ -52,11 +61,26 @@ def _main(args: argparse.Namespace) -> int:
 
     try:
         cfg = _load_config(args.config)
+        update = {
+            k: v
+            for k, v in (
+                ("rollout_url", args.counterfactual),
+                ("alternative", args.alternative),
+                ("budget", args.budget),
+            )
+            if v is not None
+        }
+        if update:
+            cf = cfg.counterfactual.model_validate({**cfg.counterfactual.model_dump(), **update})
+            cfg = cfg.model_copy(update={"counterfactual": cf})
+        plans = json.loads(args.plans.read_text()) if args.plans is not None else None
+        if plans is not None and not isinstance(plans, dict):
+            raise ValueError("--plans must hold a JSON object: record id -> plan step")
     except (ValidationError, ValueError, OSError) as exc:
         print(f"polar credit: bad config: {exc}", file=sys.stderr)
         return 2
     try:
-        result = credit_run_dir(args.run_dir, cfg, out_name=args.out)
+        result = credit_run_dir(args.run_dir, cfg, out_name=args.out, plans=plans)
     except FileNotFoundError as exc:
         print(f"polar credit: {exc}", file=sys.stderr)
         return 2
@@ -65,6 +89,11 @@ def _main(args: argparse.Namespace) -> int:
         print(json.dumps(summary, indent=2, default=str))
         return 0
     _print_tables(summary, args.run_dir / args.out)
+    if "counterfactual" in summary:
+        cf = summary["counterfactual"]
+        print(f"counterfactual: {cf['runs']} run(s), mean Δ = {cf['mean_delta']:.3g}")
+        for m in cf["measured"]:
+            print(f"  {m['session_id']} {m['record_id']} {m['role']}: Δ = {m['delta']:.3g}")
     return 0
 
 

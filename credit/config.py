@@ -291,6 +291,17 @@ class CounterfactualConfig(_Strict):
         default=1800.0, gt=0, description="Timeout of one counterfactual run; a timeout skips the call."
     )
     seed: int = Field(default=0, description="Seed for `next_best` sampling (n>1) and tie-breaking.")
+    next_best_n: int = Field(default=4, ge=2, le=64, description="`next_best`: samples drawn from call k's context.")
+    next_best_temperature: float = Field(
+        default=1.0, gt=0, description="`next_best`: their sampling temperature (seeded, so repeatable)."
+    )
+    rollout_url: str | None = Field(
+        default=None,
+        description=(
+            "Rollout server that runs the counterfactual sessions (`polar serve --upstream …`); with it, `polar "
+            "credit RUN_DIR` calibrates (same as `--counterfactual URL`)."
+        ),
+    )
 
 
 class MetricsConfig(_Strict):

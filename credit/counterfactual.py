@@ -7,9 +7,9 @@ sampling; `plan`: a given plan step), continues live and evaluates: Δ_k = R(τ)
 Â_{v_k} (`CounterfactualConfig.mode`).
 
 This module defines the `CounterfactualRunner` protocol and everything around it (which calls to calibrate
-within a budget, running them with bounded concurrency and a timeout per run, the correction). It does not
-implement a runner: the real one replays through the rollout service (`plan` = `{"replay": record_id}` steps
-up to k, then the alternative, then live) and is added when that service exists; tests use an in-process runner.
+within a budget, running them with bounded concurrency and a timeout per run, the correction, the replay plan).
+The real runner, `counterfactual_rollout.RolloutRunner`, replays through the rollout service (`{"replay": id}`
+steps up to k, then the alternative, then live) and is the only place that calls the rollout client.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ __all__ = [
     "apply_calibration",
     "calibrate",
     "corrected_credit",
+    "inline_record",
     "replay_plan",
     "select_calls",
 ]
@@ -46,6 +47,8 @@ class Alternative:
     kind: str = "next_best"
     step: Mapping[str, Any] | None = None
     seed: int = 0
+    n: int | None = None  # next_best: samples drawn (None: the proxy's default, 4)
+    temperature: float | None = None  # next_best: their temperature (None: the proxy's default, 1.0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,7 +197,13 @@ async def calibrate(
                 continue
         node = graphs[t].nodes[k]
         for v in range(k_variants):
-            alt = Alternative(kind=cfg.alternative, step=step, seed=cfg.seed + v)
+            alt = Alternative(
+                kind=cfg.alternative,
+                step=step,
+                seed=cfg.seed + v * cfg.next_best_n,  # variants draw disjoint seed ranges
+                n=cfg.next_best_n,
+                temperature=cfg.next_best_temperature,
+            )
             req = CounterfactualRequest(
                 graphs[t].session_id, list(records[t]), k, node.record_id, alt, v, cfg.timeout_s
             )
@@ -225,22 +234,47 @@ async def calibrate(
     return measurements
 
 
-def replay_plan(records: Sequence[CompletionRecord], record_id: str, alternative: Alternative) -> dict[str, Any]:
+def inline_record(rec: CompletionRecord) -> dict[str, Any]:
+    """What a `replay` step needs of a recorded call when the replaying proxy's store does not hold it: the
+    response, its token data and the sampling it was rendered with (the proxy renders the prompt the same way)."""
+    return {
+        "response": rec.response,
+        "finish_reason": rec.finish_reason,
+        "generation_token_ids": list(rec.generation_token_ids),
+        "generation_log_probs": list(rec.generation_log_probs),
+        "served_model": rec.served_model,
+        "request": {"sampling": (rec.request or {}).get("sampling", {})},
+    }
+
+
+def replay_plan(
+    records: Sequence[CompletionRecord], record_id: str, alternative: Alternative, *, inline: bool = False
+) -> dict[str, Any]:
     """The session plan (DESIGN §3) a runner sends to replace the call `record_id`: replay the recorded
     main-agent calls before it (`{"replay": id}`, token for token), substitute the alternative, continue live.
-    For `next_best` the substituted step is `{"next_best": {"seed": s, "exclude_record": record_id}}` (a step
-    kind this module proposes to the rollout service: sample n>1 from the same context, take the best sample
-    that differs from the recorded one)."""
+    For `next_best` the substituted step is `{"next_best": {"seed": s, "exclude_record": record_id}}` (the proxy
+    samples n>1 from the same context and takes the most likely sample that differs from the recorded one).
+    `inline=True` carries each replayed record (`inline_record`) and the excluded response in the steps, for a
+    proxy whose store does not hold the recorded session."""
     main = sorted((r for r in records if r.call_kind == "main"), key=lambda r: r.seq)
     pos = next((i for i, r in enumerate(main) if r.id == record_id), None)
     if pos is None:
         raise ValueError(f"{record_id} is not a main-agent call of this session")
-    steps: list[dict[str, Any]] = [{"replay": r.id} for r in main[:pos]]
+    steps: list[dict[str, Any]] = [
+        {"replay": r.id, "record": inline_record(r)} if inline else {"replay": r.id} for r in main[:pos]
+    ]
     if alternative.kind == "plan":
         if alternative.step is None:
             raise ValueError("alternative 'plan' needs a step")
         steps.append(dict(alternative.step))
     else:
-        steps.append({"next_best": {"seed": alternative.seed, "exclude_record": record_id}})
+        nb: dict[str, Any] = {"seed": alternative.seed, "exclude_record": record_id}
+        if alternative.n is not None:
+            nb["n"] = alternative.n
+        if alternative.temperature is not None:
+            nb["temperature"] = alternative.temperature
+        if inline:
+            nb["exclude_response"] = main[pos].response
+        steps.append({"next_best": nb})
     steps.append({"live": True})
     return {"version": 1, "steps": steps, "side": "live"}

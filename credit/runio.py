@@ -7,15 +7,17 @@ fields, or one `Trace` per line as `polar run` writes it, are accepted too) and 
 column holding the record's JSON — or any table whose rows hold a record as a JSON column or as its fields;
 pending rows are skipped). Groups are `metadata.group_id`, else `task_id`. Writes one line per session to `credit.jsonl`:
 the session's Â_τ and, per call, `{call_index, record_id, role, evidence, parents, credit, …}` — the shape
-of NEMO.md's `polar_calls` plus the credit. Returns the metrics for the CLI. No network, no trainer.
+of NEMO.md's `polar_calls` plus the credit. Returns the metrics for the CLI. No trainer; the network only for
+counterfactual calibration (a runner, or `counterfactual.rollout_url`: each measured call gets its `delta`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import sqlite3
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ import orjson
 from nemo_polar.types import CompletionRecord, EvalResult, SessionResult, Trace, Trajectory
 
 from .config import CallCreditConfig
+from .counterfactual import CounterfactualRunner, Measurement, calibrate
 from .graph import CallGraph, annotate
 from .metrics import broadcast_factors, is_hacked, reward_hacking, role_distributions, weakness_report
 from .propagation import CreditAssignment, assign
@@ -157,9 +160,10 @@ class RunCredit:
     hacking_broadcast: dict[str, Any]
     distributions: dict[str, Any]
     weaknesses: dict[str, Any]
+    measurements: list[Measurement] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
-        return {
+        out = {
             "sessions": len(self.sessions),
             "calls": sum(len(g) for g in self.graphs),
             "reward_hacking": self.hacking,
@@ -167,12 +171,32 @@ class RunCredit:
             "role_distributions": self.distributions,
             "weaknesses": self.weaknesses,
         }
+        if self.measurements:
+            ds = [m.delta for m in self.measurements]
+            out["counterfactual"] = {
+                "runs": len(ds),
+                "mean_delta": sum(ds) / len(ds),
+                "measured": [
+                    {"session_id": m.session_id, "record_id": m.record_id, "role": m.role, "delta": m.delta}
+                    for m in self.measurements
+                ],
+            }
+        return out
 
 
 def credit_run_dir(
-    run_dir: str | Path, config: CallCreditConfig | None = None, *, out_name: str = "credit.jsonl"
+    run_dir: str | Path,
+    config: CallCreditConfig | None = None,
+    *,
+    out_name: str = "credit.jsonl",
+    runner: CounterfactualRunner | None = None,
+    plans: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> RunCredit:
-    """Annotate, assign and summarise every session of `run_dir`; write `run_dir/out_name`."""
+    """Annotate, assign and summarise every session of `run_dir`; write `run_dir/out_name`.
+
+    With a counterfactual `runner` (or `config.counterfactual.rollout_url`, which makes a `RolloutRunner` over
+    `tasks.jsonl`), the selected AE calls are calibrated before the metrics; `plans` maps a record id to the plan
+    step that replaces it when `counterfactual.alternative` is `plan`."""
     cfg = config or CallCreditConfig()
     rd = Path(run_dir)
     records = load_records(rd)
@@ -181,6 +205,7 @@ def credit_run_dir(
     for r in records:
         by_session.setdefault(r.session_id, []).append(r)
     graphs: list[CallGraph] = []
+    used: list[list[CompletionRecord]] = []
     for s in sessions:
         recs = by_session.get(s.session_id, [])
         if s.record_ids:
@@ -190,9 +215,34 @@ def credit_run_dir(
         if not recs and s.trajectory.traces:
             g = annotate(s.trajectory, records=[], harness=s.harness, session_id=s.session_id, config=cfg)
         graphs.append(g)
+        used.append(recs)
     rewards = [s.reward for s in sessions]
     groups = [s.metadata.get("group_id", s.task_id) for s in sessions]
     assignments = assign(graphs, rewards, cfg, group_ids=groups)
+    measurements: list[Measurement] = []
+    if runner is None and cfg.counterfactual.rollout_url:
+        from .counterfactual_rollout import runner_for_run_dir
+
+        runner = runner_for_run_dir(rd, cfg.counterfactual.rollout_url, sessions)
+    if runner is not None:
+        steps = {
+            (t, k): plans[n.record_id]
+            for t, g in enumerate(graphs)
+            for k, n in enumerate(g.nodes)
+            if plans and n.record_id in plans
+        }
+        measurements = asyncio.run(
+            calibrate(
+                graphs,
+                assignments,
+                used,
+                runner,
+                cfg.counterfactual,
+                plans=steps,
+                k_variants=cfg.curation.k_variants,
+                success_threshold=cfg.metrics.success_threshold,
+            )
+        )
     hack = reward_hacking(graphs, rewards, [a.factor for a in assignments], cfg.metrics)
     hack_b = reward_hacking(graphs, rewards, [broadcast_factors(g) for g in graphs], cfg.metrics)
     dist = role_distributions(graphs, assignments)
@@ -200,7 +250,7 @@ def credit_run_dir(
     with open(rd / out_name, "w", encoding="utf-8") as f:
         for s, g, a in zip(sessions, graphs, assignments, strict=True):
             f.write(json.dumps(_line(s, g, a, cfg), ensure_ascii=False) + "\n")
-    return RunCredit(sessions, graphs, assignments, hack, hack_b, dist, weak)
+    return RunCredit(sessions, graphs, assignments, hack, hack_b, dist, weak, measurements)
 
 
 def _line(s: SessionResult, g: CallGraph, a: CreditAssignment, cfg: CallCreditConfig) -> dict[str, Any]:
@@ -229,6 +279,7 @@ def _line(s: SessionResult, g: CallGraph, a: CreditAssignment, cfg: CallCreditCo
                 "credit": float(a.credit[k]),
                 "factor": float(a.factor[k]),
                 "rv_reward": float(a.rv_reward[k]),
+                **({"delta": a.calibrated[k]} if k in a.calibrated else {}),
                 "test_outcome": n.test_outcome,
                 "summary": n.summary,
             }
