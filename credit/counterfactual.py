@@ -49,6 +49,9 @@ class Alternative:
     seed: int = 0
     n: int | None = None  # next_best: samples drawn (None: the proxy's default, 4)
     temperature: float | None = None  # next_best: their temperature (None: the proxy's default, 1.0)
+    # after k: "live" (the policy continues: the proposal's Δ_k) or "recorded" (the recorded later calls are
+    # replayed: do(k) with the rest held fixed, the structural effect used as ground truth on forced sessions)
+    then: str = "live"
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,7 +254,8 @@ def replay_plan(
     records: Sequence[CompletionRecord], record_id: str, alternative: Alternative, *, inline: bool = False
 ) -> dict[str, Any]:
     """The session plan (DESIGN §3) a runner sends to replace the call `record_id`: replay the recorded
-    main-agent calls before it (`{"replay": id}`, token for token), substitute the alternative, continue live.
+    main-agent calls before it (`{"replay": id}`, token for token), substitute the alternative, continue live
+    (`alternative.then == "recorded"`: replay the recorded calls after it first).
     For `next_best` the substituted step is `{"next_best": {"seed": s, "exclude_record": record_id}}` (the proxy
     samples n>1 from the same context and takes the most likely sample that differs from the recorded one).
     `inline=True` carries each replayed record (`inline_record`) and the excluded response in the steps, for a
@@ -260,9 +264,11 @@ def replay_plan(
     pos = next((i for i, r in enumerate(main) if r.id == record_id), None)
     if pos is None:
         raise ValueError(f"{record_id} is not a main-agent call of this session")
-    steps: list[dict[str, Any]] = [
-        {"replay": r.id, "record": inline_record(r)} if inline else {"replay": r.id} for r in main[:pos]
-    ]
+
+    def replay(r: CompletionRecord) -> dict[str, Any]:
+        return {"replay": r.id, "record": inline_record(r)} if inline else {"replay": r.id}
+
+    steps = [replay(r) for r in main[:pos]]
     if alternative.kind == "plan":
         if alternative.step is None:
             raise ValueError("alternative 'plan' needs a step")
@@ -276,5 +282,9 @@ def replay_plan(
         if inline:
             nb["exclude_response"] = main[pos].response
         steps.append({"next_best": nb})
+    if alternative.then == "recorded":
+        steps += [replay(r) for r in main[pos + 1 :]]
+    elif alternative.then != "live":
+        raise ValueError(f"alternative.then must be 'live' or 'recorded', got {alternative.then!r}")
     steps.append({"live": True})
     return {"version": 1, "steps": steps, "side": "live"}

@@ -47,7 +47,7 @@ def counterfactual_task(task: TaskSpec, request: CounterfactualRequest, *, tag: 
     (a counterfactual never joins the original GRPO group)."""
     alt = request.alternative
     plan = replay_plan(request.records, request.record_id, alt, inline=True)
-    key = f"{request.session_id}/{request.record_id}/{alt.kind}/{alt.seed}/{request.variant}/{tag}"
+    key = f"{request.session_id}/{request.record_id}/{alt.kind}/{alt.seed}/{alt.then}/{request.variant}/{tag}"
     if alt.kind == "plan":
         key += "/" + repr(sorted((alt.step or {}).items()))
     task_id = f"{task.task_id[:120]}.cf-{hashlib.sha256(key.encode()).hexdigest()[:16]}"

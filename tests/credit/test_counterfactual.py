@@ -62,6 +62,28 @@ def test_replay_plan_replays_recorded_calls_then_substitutes() -> None:
         replay_plan(recs, "nope", Alternative("plan", step))
 
 
+def test_replay_plan_inline_records_and_recorded_continuation() -> None:
+    recs = make_session(bugfix_steps())
+    step = {"tool": "Edit", "arguments": {"file_path": SRC, "old_string": "x", "new_string": "y"}}
+    plan = replay_plan(recs, recs[4].id, Alternative("plan", step, then="recorded"), inline=True)
+    assert [s.get("replay") for s in plan["steps"]] == [r.id for r in recs[:4]] + [None] + [r.id for r in recs[5:]] + [
+        None
+    ]
+    assert plan["steps"][4] == step and plan["steps"][-1] == {"live": True}
+    first = plan["steps"][0]["record"]
+    assert first["generation_token_ids"] == recs[0].generation_token_ids and first["response"] == recs[0].response
+    nb = replay_plan(recs, recs[4].id, Alternative("next_best", seed=2, n=3, temperature=0.5), inline=True)
+    assert nb["steps"][4]["next_best"] == {
+        "seed": 2,
+        "exclude_record": recs[4].id,
+        "n": 3,
+        "temperature": 0.5,
+        "exclude_response": recs[4].response,
+    }
+    with pytest.raises(ValueError):
+        replay_plan(recs, recs[4].id, Alternative("plan", step, then="later"))
+
+
 def test_selection_within_budget() -> None:
     graphs, rewards, _ = _batch()
     assigns = assign(graphs, rewards)
