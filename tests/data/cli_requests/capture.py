@@ -2,9 +2,12 @@
 """Capture the first requests of the real harness CLIs (test-data tool, not part of the product).
 
 Runs each installed CLI headless, configured by its own adapter (`prepare`, `env`, `command`), against a
-CAPTURE FAKE: a loopback aiohttp server that records method, path, query, headers and body of every request
-and answers with a minimal provider-shaped reply (a one-sentence text answer, streamed when asked; a JSON
-object for JSON-schema calls; a model list for GET …/models). Secrets are removed before writing:
+loopback RECORDER that stores method, path, query, headers and body of every request. With `--server proxy`
+(the default) the recorder relays each request to the Polar proxy (in-process, with a session of its own and a
+FAKE vLLM upstream answering one sentence) and hands the proxy's answer back: the CLI talks to the proxy, and the
+proxy's records are checked to hold the very bodies recorded. With `--server fake` the recorder itself answers
+with a minimal provider-shaped reply (a one-sentence text answer, streamed when asked; a JSON object for
+JSON-schema calls; a model list for GET …/models). Secrets are removed before writing:
 API keys (headers, query, anywhere in bodies), auth headers, cookies, user ids (`metadata.user_id`); the
 temporary HOME and workdir paths become `/sandbox/home` and `/sandbox/workdir`.
 
@@ -14,8 +17,9 @@ temporary HOME and workdir paths become `/sandbox/home` and `/sandbox/workdir`.
 Variant `gemini_cli_router`: Gemini CLI without a model (`-m`, `GEMINI_MODEL`), so its model router runs a
 non-streaming `generateContent` call with `responseJsonSchema` before the turn (a side call).
 
-Each file: harness, package, version, command (argv, redacted), exit code, `first_model_request` (index into
-`requests`) and `requests` (every request the CLI sent, in arrival order).
+Each file: harness, package, version, server, command (argv, redacted), exit code, `first_model_request` (index
+into `requests`), `requests` (every request the CLI sent, in arrival order) and, behind the proxy,
+`proxy_records` (per record: seq, dialect, error, whether its `original_request` is the recorded body).
 """
 
 from __future__ import annotations
@@ -34,9 +38,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from nemo_polar.harness_adapters import BUILTIN, HarnessContext, get_adapter
 from nemo_polar.harness_adapters.install import cache_root, status
+
+from nemo_polar.proxy.app import Proxy, ProxyConfig
+from nemo_polar.proxy.fake_upstream import FakeUpstream
 
 HERE = Path(__file__).resolve().parent
 KEY = "sk-polar-capture-KEY-0123456789"
@@ -185,9 +193,26 @@ def _google(body: dict[str, Any], streaming: bool) -> web.Response:
 # --- the recording server ---------------------------------------------------------------------------------------
 
 
+HOP_HEADERS = {"host", "content-length", "connection", "transfer-encoding", "keep-alive", "accept-encoding"}
+
+
 class Recorder:
-    def __init__(self) -> None:
+    """Records every request; answers it itself, or relays it to `forward_to` (the proxy) and returns its answer."""
+
+    def __init__(self, forward_to: str | None = None) -> None:
         self.requests: list[dict[str, Any]] = []
+        self.forward_to = forward_to
+        self.http: aiohttp.ClientSession | None = None
+
+    async def relay(self, request: web.Request, raw: bytes) -> web.Response:
+        assert self.http is not None and self.forward_to is not None
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_HEADERS}
+        async with self.http.request(
+            request.method, self.forward_to + request.path_qs, headers=headers, data=raw or None
+        ) as resp:
+            body = await resp.read()
+            keep = {k: v for k, v in resp.headers.items() if k.lower() in ("content-type", "retry-after")}
+            return web.Response(status=resp.status, body=body, headers=keep)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         raw = await request.read()
@@ -204,6 +229,8 @@ class Recorder:
                 "body": body,
             }
         )
+        if self.forward_to is not None:
+            return await self.relay(request, raw)
         path = request.path
         if request.method == "GET" and path.endswith("/models"):
             return web.json_response(
@@ -261,12 +288,86 @@ def redact(req: dict[str, Any], replacements: list[tuple[str, str]]) -> dict[str
 VARIANTS = {"gemini_cli_router": "gemini_cli"}
 
 
-async def capture(name: str, timeout_s: float) -> dict[str, Any]:
+def _example(schema: Any) -> Any:
+    """A value of a (small) JSON schema: what a JSON-schema side call (Gemini CLI's router) accepts."""
+    kind = str(schema.get("type", "object")).lower() if isinstance(schema, dict) else "string"
+    if kind == "object":
+        return {k: _example(v) for k, v in (schema.get("properties") or {}).items()}
+    if "enum" in schema:
+        return schema["enum"][0]
+    return {"string": "capture", "integer": 1, "number": 1, "boolean": True, "array": []}.get(kind)
+
+
+class CaptureUpstream(FakeUpstream):
+    """The FAKE vLLM: one sentence, or a JSON value matching the request's `response_format` schema."""
+
+    def _content(self, body: dict[str, Any]) -> str:
+        fmt = body.get("response_format") or {}
+        if fmt.get("type") == "json_schema":
+            return json.dumps(_example(fmt["json_schema"]["schema"]))
+        if fmt.get("type") == "json_object":
+            return "{}"
+        return ANSWER
+
+    async def _chat(self, request: web.Request) -> web.StreamResponse:
+        self._cache.clear()  # the fake caches answers by model and tools, not by response_format
+        return await super()._chat(request)
+
+
+class ProxySide:
+    """The Polar proxy in-process on loopback, a FAKE vLLM upstream behind it, and one session for the CLI."""
+
+    def __init__(self, store_dir: Path) -> None:
+        self.fake = CaptureUpstream()
+        self.fake.behaviour.n_gen = 8
+        self.store_dir = store_dir
+        self.url = ""
+        self.key = ""
+        self.session_id = ""
+        self.proxy: Proxy | None = None
+        self.runner: web.AppRunner | None = None
+
+    async def start(self) -> ProxySide:
+        await self.fake.start()
+        self.proxy = Proxy(ProxyConfig(upstreams=[self.fake.base_url], store_dir=str(self.store_dir)))
+        self.runner = web.AppRunner(self.proxy.make_app(), access_log=None)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
+        session = await self.proxy.create_session(task_id="capture")
+        self.key, self.session_id = session.api_key, session.session_id
+        return self
+
+    def records(self, recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """What the proxy recorded, and whether each record's `original_request` is a body the recorder saw."""
+        assert self.proxy is not None
+        bodies = [r["body"] for r in recorded]
+        return [
+            {
+                "seq": rec.seq,
+                "dialect": rec.dialect,
+                "error": rec.error,
+                "original_request_is_recorded_body": rec.original_request in bodies,
+            }
+            for rec in self.proxy.store.list_records(self.session_id, limit=10_000)
+        ]
+
+    async def close(self) -> None:
+        if self.runner is not None:
+            await self.runner.cleanup()
+        await self.fake.stop()
+
+
+async def capture(name: str, timeout_s: float, server: str = "proxy") -> dict[str, Any]:
     adapter = get_adapter(VARIANTS.get(name, name))
     st = status(adapter)
     if not st.installed:
         raise SystemExit(f"{name} is not installed: run `polar harness install {name}` first")
-    recorder = Recorder()
+    tmp = Path(tempfile.mkdtemp(prefix=f"polar-capture-{name}-"))
+    side = await ProxySide(tmp / "store").start() if server == "proxy" else None
+    key = side.key if side is not None else KEY
+    recorder = Recorder(forward_to=side.url if side is not None else None)
+    recorder.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s))
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.router.add_route("*", "/{tail:.*}", recorder.handle)
     runner = web.AppRunner(app, access_log=None)
@@ -274,18 +375,17 @@ async def capture(name: str, timeout_s: float) -> dict[str, Any]:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    tmp = Path(tempfile.mkdtemp(prefix=f"polar-capture-{name}-"))
     home, work = tmp / "home", tmp / "workdir"
     home.mkdir()
     work.mkdir()
     ctx = HarnessContext(
         base_url=f"http://127.0.0.1:{port}",
-        api_key=KEY,
+        api_key=key,
         model=MODEL,
         workdir=str(work),
         home=str(home),
         install_dir=str(st.path) if st.path else None,
-        command_line=f"curl -s -H 'Authorization: Bearer {KEY}' http://127.0.0.1:{port}/v1/chat/completions "
+        command_line=f"curl -s -H 'Authorization: Bearer {key}' http://127.0.0.1:{port}/v1/chat/completions "
         f'-d \'{{"model":"{MODEL}","messages":[{{"role":"user","content":"hi"}}]}}\'',
     )
     for rel, text in adapter.prepare(ctx).items():
@@ -314,10 +414,15 @@ async def capture(name: str, timeout_s: float) -> dict[str, Any]:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = await proc.communicate()
     await runner.cleanup()
+    await recorder.http.close()
+    proxy_records = side.records(recorder.requests) if side is not None else None
+    if side is not None:
+        await side.close()
     shutil.rmtree(tmp, ignore_errors=True)
     slug = re.sub(r"[^A-Za-z0-9]", "-", str(work))  # project directories named after the workdir
     replacements = [
         (KEY, "<redacted-key>"),
+        (key, "<redacted-key>"),
         (str(home), "/sandbox/home"),
         (str(work), "/sandbox/workdir"),
         (slug, "-sandbox-workdir"),
@@ -338,12 +443,14 @@ async def capture(name: str, timeout_s: float) -> dict[str, Any]:
         "variant": name,
         "package": adapter.package,
         "version": adapter.version,
+        "server": "polar proxy (FAKE vLLM upstream)" if side is not None else "capture fake",
         "command": _scrub(argv, replacements),
         "exit_code": proc.returncode,
         "stdout_tail": _scrub(out.decode("utf-8", "replace")[-2000:], replacements),
         "stderr_tail": _scrub(err.decode("utf-8", "replace")[-2000:], replacements),
         "first_model_request": first,
         "requests": requests,
+        **({"proxy_records": _scrub(proxy_records, replacements)} if proxy_records is not None else {}),
     }
 
 
@@ -352,10 +459,11 @@ def main() -> int:
     parser.add_argument("name", choices=[*BUILTIN, *VARIANTS, "all"])
     parser.add_argument("--timeout-s", type=float, default=120.0)
     parser.add_argument("--out-dir", type=Path, default=HERE)
+    parser.add_argument("--server", choices=["proxy", "fake"], default="proxy", help="who answers the CLI")
     args = parser.parse_args()
     names = [*(n for n in BUILTIN if n != "shell"), *VARIANTS] if args.name == "all" else [args.name]
     for name in names:
-        result = asyncio.run(capture(name, args.timeout_s))
+        result = asyncio.run(capture(name, args.timeout_s, args.server))
         path = args.out_dir / f"{name}.json"
         path.write_text(json.dumps(result, indent=1, ensure_ascii=False) + "\n")
         paths = [f"{r['method']} {r['path']}" for r in result["requests"]]

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Normalisation golden tests (issue 4): the requests captured from the six real CLIs normalise to committed output.
 
-Inputs are the captures in `tests/data/cli_requests/<variant>.json` (the real CLIs' requests, secrets removed; the
-folder's README says how they were taken). Expected outputs are committed next to them in
+Inputs are the captures in `tests/data/cli_requests/<variant>.json`: every request of a real CLI run against the
+proxy, secrets removed (the folder's README says how they were taken; `capture.py` re-takes them). Expected outputs are committed next to them in
 `tests/data/cli_requests/expected/<variant>.json`: for every model request of a capture, the record's `request`
 (`model`, `messages`, `tools`, `tool_choice`, `response_format`, the caller's `sampling`) and the `stream`,
 `include_usage` and `reasoning` flags. These tests only compare; they never write. After a deliberate change of the
@@ -19,6 +19,7 @@ server records the same normal form.
 from __future__ import annotations
 
 import json
+import re
 import urllib.error
 import urllib.request
 from typing import Any
@@ -70,6 +71,16 @@ def test_the_six_real_clis_are_captured_and_every_capture_has_a_golden() -> None
     assert not missing, f"captures missing: {missing} (tests/data/cli_requests/capture.py NAME)"
     goldens = sorted(p.stem for p in GOLDEN.glob("*.json"))
     assert goldens == VARIANTS, f"goldens and captures differ: run `{REGEN}`"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_captured_from_the_real_cli_against_the_proxy(variant: str) -> None:
+    data = json.loads((CAPTURES / f"{variant}.json").read_text())
+    assert data["exit_code"] == 0 and data.get("server", "").startswith("polar proxy"), "re-capture: capture.py"
+    records = data["proxy_records"]
+    assert len(records) == len(model_requests(variant))
+    assert all(r["error"] is None and r["original_request_is_recorded_body"] for r in records)
+    assert not re.search(r"polar-[A-Za-z0-9_-]{32}", json.dumps(data)), "the proxy session's key must be redacted"
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
