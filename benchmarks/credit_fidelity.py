@@ -14,6 +14,10 @@ against each call's exact interventional effect: Spearman ρ, the reward-hacking
 credit on irrelevant calls; mean ± 95 % t-interval over seeds. Rows `call` are Â_v before fusion; builder rows
 are the fused token advantages the trainer receives (α = 0.5 for (c)–(e)). Needs `polar backend prepare`
 (tiny-qwen3's tokenizer); without it, it exits 2 with the reason.
+
+The replay subset (`replay_truth.py`, run alongside in a thread): for the example tasks in `--replay-examples`,
+each call's effect measured through the REAL counterfactual replay path (rollout service, proxy plan steps, a real
+tool-calling harness, the `swe_tests` evaluator), scored against arms (a)-(c). `--replay-examples ''` skips it.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ import argparse
 import json
 import math
 import sys
+import threading
 import time
+from typing import Any
 
 from nemo_polar.credit.sim.fidelity import FidelityConfig, format_table, run, summarize
 from nemo_polar.credit.sim.records import ChatTokenizer, TokenizerMissing
@@ -40,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--truth-calls", type=int, default=4, help="calls per seed checked through the runner")
     ap.add_argument("--truth-runs", type=int, default=200)
     ap.add_argument("--json", default=None, help="also write the per-seed numbers here")
+    ap.add_argument(
+        "--replay-examples",
+        default="median,roman,intervals",
+        help="example tasks whose calls get ground truth through the real replay path ('' skips it)",
+    )
     args = ap.parse_args(argv)
     try:
         tok = ChatTokenizer()
@@ -58,9 +69,33 @@ def main(argv: list[str] | None = None) -> int:
         truth_runs=args.truth_runs,
     )
     t0 = time.perf_counter()
+    replay: dict[str, Any] = {}
+    names = tuple(n for n in args.replay_examples.split(",") if n)
+    thread = None
+    if names:  # mostly subprocesses (harness, tests): it overlaps the simulator's CPU work
+
+        def replay_subset() -> None:
+            import replay_truth
+
+            try:
+                replay["out"] = replay_truth.run(names)
+            except Exception as exc:  # reported, never fatal to the simulator's table
+                replay["error"] = f"{type(exc).__name__}: {exc}"
+
+        thread = threading.Thread(target=replay_subset, daemon=True)
+        thread.start()
     out = run(fc, tok)
+    if thread is not None:
+        thread.join()
     wall = time.perf_counter() - t0
     print(format_table(out))
+    if "out" in replay:
+        import replay_truth
+
+        print()
+        print(replay_truth.format_table(replay["out"]))
+    elif "error" in replay:
+        print(f"\nreplay subset failed: {replay['error']}")
     print(f"\nwall time {wall:.1f} s")
     if args.json:
         rows = []
@@ -71,7 +106,12 @@ def main(argv: list[str] | None = None) -> int:
                 row[k] = {"per_seed": v, "mean": m, "half_width_95": h if math.isfinite(h) else None, "n": n}
             rows.append(row)
         with open(args.json, "w") as f:
-            json.dump({"rows": rows, "truth": out["extras"]["truth"], "wall_s": wall}, f, indent=1, default=str)
+            json.dump(
+                {"rows": rows, "truth": out["extras"]["truth"], "replay": replay.get("out"), "wall_s": wall},
+                f,
+                indent=1,
+                default=str,
+            )
     return 0
 
 
