@@ -24,7 +24,14 @@ EXPECTED = {
     "qwen_code": ["main", "side"],  # managed memory extraction after the turn
     "opencode": ["side", "main"],  # the title generator runs first
     "pi": ["main"],
-    "mini_swe_agent": ["main", "main", "main"],  # the capture fake answers without a tool call: format retries
+    "mini_swe_agent": ["main", "main", "main"],  # the fake model answers without a tool call: format retries
+    # a forced shell tool call, then a forced text answer (the second main request carries the call and its result)
+    "claude_code_tool": ["main", "main"],
+    "codex_tool": ["main", "main"],
+    "gemini_cli_tool": ["main", "main"],
+    "qwen_code_tool": ["main", "main"],
+    "opencode_tool": ["side", "main", "main"],
+    "pi_tool": ["main", "main"],
 }
 SECRET_MARKERS = ("sk-polar-capture", "KEY-0123456789")
 

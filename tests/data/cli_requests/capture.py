@@ -16,16 +16,21 @@ temporary HOME and workdir paths become `/sandbox/home` and `/sandbox/workdir`.
 
 Variant `gemini_cli_router`: Gemini CLI without a model (`-m`, `GEMINI_MODEL`), so its model router runs a
 non-streaming `generateContent` call with `responseJsonSchema` before the turn (a side call).
+Variants `<harness>_tool` (behind the proxy only): the session's plan makes the first main call a shell tool call
+(`{"shell": "echo polar"}` resolved by the adapter into its own tool) and the second a text answer, so the capture
+holds the CLI's own wire form of a tool call and its result in the second main request.
 
 Each file: harness, package, version, server, command (argv, redacted), exit code, `first_model_request` (index
 into `requests`), `requests` (every request the CLI sent, in arrival order) and, behind the proxy,
-`proxy_records` (per record: seq, dialect, error, whether its `original_request` is the recorded body).
+`proxy_records` (per record: seq, dialect, call kind, origin, error, whether its `original_request` is the
+recorded body).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import os
 import re
@@ -285,7 +290,9 @@ def redact(req: dict[str, Any], replacements: list[tuple[str, str]]) -> dict[str
 # --- one capture ------------------------------------------------------------------------------------------------
 
 
-VARIANTS = {"gemini_cli_router": "gemini_cli"}
+TOOL_HARNESSES = ("claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi")
+VARIANTS = {"gemini_cli_router": "gemini_cli", **{f"{h}_tool": h for h in TOOL_HARNESSES}}
+TOOL_COMMAND = "echo polar"
 
 
 def _example(schema: Any) -> Any:
@@ -299,9 +306,11 @@ def _example(schema: Any) -> Any:
 
 
 class CaptureUpstream(FakeUpstream):
-    """The FAKE vLLM: one sentence, or a JSON value matching the request's `response_format` schema."""
+    """The FAKE vLLM: a forced plan step's text, a JSON value matching `response_format`'s schema, or one sentence."""
 
     def _content(self, body: dict[str, Any]) -> str:
+        if body.get("structured_outputs"):  # a forced plan step: the fake answers the forced text
+            return super()._content(body)
         fmt = body.get("response_format") or {}
         if fmt.get("type") == "json_schema":
             return json.dumps(_example(fmt["json_schema"]["schema"]))
@@ -334,9 +343,13 @@ class ProxySide:
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", 0).start()
         self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
-        session = await self.proxy.create_session(task_id="capture")
-        self.key, self.session_id = session.api_key, session.session_id
         return self
+
+    async def open_session(self, plan: dict[str, Any] | None, classifier: Any) -> str:
+        assert self.proxy is not None
+        session = await self.proxy.create_session(task_id="capture", plan=plan, classifier=classifier)
+        self.key, self.session_id = session.api_key, session.session_id
+        return self.key
 
     def records(self, recorded: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """What the proxy recorded, and whether each record's `original_request` is a body the recorder saw."""
@@ -346,6 +359,8 @@ class ProxySide:
             {
                 "seq": rec.seq,
                 "dialect": rec.dialect,
+                "call_kind": rec.call_kind,
+                "origin": rec.origin,
                 "error": rec.error,
                 "original_request_is_recorded_body": rec.original_request in bodies,
             }
@@ -363,9 +378,10 @@ async def capture(name: str, timeout_s: float, server: str = "proxy") -> dict[st
     st = status(adapter)
     if not st.installed:
         raise SystemExit(f"{name} is not installed: run `polar harness install {name}` first")
+    if name.endswith("_tool") and server != "proxy":
+        raise SystemExit(f"{name} needs the proxy (its plan forces the tool call)")
     tmp = Path(tempfile.mkdtemp(prefix=f"polar-capture-{name}-"))
     side = await ProxySide(tmp / "store").start() if server == "proxy" else None
-    key = side.key if side is not None else KEY
     recorder = Recorder(forward_to=side.url if side is not None else None)
     recorder.http = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s))
     app = web.Application(client_max_size=64 * 1024 * 1024)
@@ -380,11 +396,22 @@ async def capture(name: str, timeout_s: float, server: str = "proxy") -> dict[st
     work.mkdir()
     ctx = HarnessContext(
         base_url=f"http://127.0.0.1:{port}",
-        api_key=key,
+        api_key=KEY,
         model=MODEL,
         workdir=str(work),
         home=str(home),
         install_dir=str(st.path) if st.path else None,
+    )
+    key = KEY
+    if side is not None:
+        plan = None
+        if name.endswith("_tool"):
+            steps = [*adapter.resolve_step({"shell": TOOL_COMMAND}, ctx), {"text": "Done: it printed polar."}]
+            plan = {"version": 1, "steps": steps, "side": "live"}
+        key = await side.open_session(plan, adapter.classify_request)
+    ctx = dataclasses.replace(
+        ctx,
+        api_key=key,
         command_line=f"curl -s -H 'Authorization: Bearer {key}' http://127.0.0.1:{port}/v1/chat/completions "
         f'-d \'{{"model":"{MODEL}","messages":[{{"role":"user","content":"hi"}}]}}\'',
     )
