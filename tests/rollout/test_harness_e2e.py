@@ -28,6 +28,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 # Codex (OpenAI Responses) and Qwen Code (OpenAI Chat); Claude Code currently stops at the proxy with
 # "messages[1].role: must be 'user' or 'assistant', got 'system'" (reported to the proxy owners).
 HARNESSES = ("codex", "qwen_code", "mini_swe_agent")
+# live calls (side calls such as Qwen Code's next-speaker check) on a random-weight model are noise: keep them short,
+# as a training recipe caps them too
+SAMPLING = {"max_tokens": 384, "temperature": 0.0}
 
 
 async def _run_stack(upstream: dict[str, Any], tmp_path: Path, task: TaskSpec) -> list[SessionResult]:
@@ -76,7 +79,7 @@ def test_fix_plan_scores_one_and_noop_zero_with_a_real_harness(
         task_id=f"e2e-{harness}-{upstream['kind']}",
         plans=("fix_plan", "noop_plan"),
         runtime={"isolation": "sandbox", "source": "example:median"},
-        agent={"harness": harness, "timeout_s": 300, "options": {"max_turns": 12}},
+        agent={"harness": harness, "timeout_s": 300, "options": {"max_turns": 12}, "sampling": SAMPLING},
         builder="prefix_merging" if upstream["kind"] == "vllm" else "per_request",
         timeout_s=600,
     )
@@ -111,7 +114,7 @@ def test_agent_timeout_yields_timeout_and_a_partial_trajectory(upstream: dict[st
             "task_id": f"hang-{upstream['kind']}",
             "instruction": "run the two commands",
             "runtime": {"isolation": "sandbox", "source": "example:slugify"},
-            "agent": {"harness": "mini_swe_agent", "timeout_s": 40},
+            "agent": {"harness": "mini_swe_agent", "timeout_s": 40, "sampling": SAMPLING},
             "builder": "per_request",
             "evaluator": "session_completed",
             "plans": [plan],
