@@ -31,6 +31,16 @@ def _json_schema_requested(original: Mapping[str, Any] | None) -> bool:
     )
 
 
+def mcp_servers_setting(ctx: HarnessContext) -> dict[str, Any]:
+    """`mcpServers` of a Gemini-CLI-style settings.json (Gemini CLI and its fork Qwen Code)."""
+    return {
+        s.name: {"httpUrl": s.url}
+        if s.url is not None
+        else {"command": s.command, "args": list(s.args), "env": dict(s.env)}
+        for s in ctx.mcp_servers
+    }
+
+
 class GeminiCliAdapter(HarnessAdapter):
     name = "gemini_cli"
     package = "@google/gemini-cli"
@@ -55,12 +65,7 @@ class GeminiCliAdapter(HarnessAdapter):
     }
 
     def prepare(self, ctx: HarnessContext) -> dict[str, str]:
-        mcp: dict[str, Any] = {}
-        for s in ctx.mcp_servers:
-            if s.url is not None:
-                mcp[s.name] = {"httpUrl": s.url}
-            else:
-                mcp[s.name] = {"command": s.command, "args": list(s.args), "env": dict(s.env)}
+        mcp = mcp_servers_setting(ctx)
         settings = {
             "security": {"auth": {"selectedType": "gemini-api-key"}},
             "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},

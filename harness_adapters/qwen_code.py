@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 from nemo_polar.types import CallKind
 
 from .base import HarnessAdapter, HarnessContext, Role, system_text, tool_names
+from .gemini_cli import mcp_servers_setting
 
 SIDE_MARKERS = (
     "managed memory extraction subagent",
@@ -50,12 +51,7 @@ class QwenCodeAdapter(HarnessAdapter):
     }
 
     def prepare(self, ctx: HarnessContext) -> dict[str, str]:
-        mcp: dict[str, Any] = {}
-        for s in ctx.mcp_servers:
-            if s.url is not None:
-                mcp[s.name] = {"httpUrl": s.url}
-            else:
-                mcp[s.name] = {"command": s.command, "args": list(s.args), "env": dict(s.env)}
+        mcp = mcp_servers_setting(ctx)
         settings = {
             "general": {"enableAutoUpdate": False},
             "privacy": {"usageStatisticsEnabled": False},
