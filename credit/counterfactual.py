@@ -281,6 +281,9 @@ def replay_plan(
             nb["temperature"] = alternative.temperature
         if inline:
             nb["exclude_response"] = main[pos].response
+            ctk = ((main[pos].request or {}).get("sampling") or {}).get("chat_template_kwargs")
+            if ctk:
+                nb["chat_template_kwargs"] = ctk
         steps.append({"next_best": nb})
     if alternative.then == "recorded":
         steps += [replay(r) for r in main[pos + 1 :]]

@@ -697,10 +697,14 @@ class Proxy:
             opts = plans.next_best_options(step)
         except ValueError as exc:
             raise ProviderError(500, "api_error", f"plan step: {exc}") from exc
-        exclude = opts.exclude_response
-        if exclude is None and opts.exclude_record is not None:
-            src = self.store.get_record(opts.exclude_record)
-            exclude = src.response if src is not None else None
+        exclude, ctk = opts.exclude_response, opts.chat_template_kwargs
+        src = self.store.get_record(opts.exclude_record) if opts.exclude_record is not None else None
+        if src is not None:
+            exclude = src.response if exclude is None else exclude
+            if ctk is None:
+                ctk = (src.request.get("sampling") or {}).get("chat_template_kwargs")
+        if ctk is not None:  # the context the excluded call was sampled in (a forced call: thinking off)
+            call.sampling = {**call.sampling, "chat_template_kwargs": dict(ctk)}
         prompt = await self._spliced_prompt(session, rec, call)
         gens: list[Generation] = []
         for i in range(opts.n):  # one after another: a seed's sample does not depend on what it is batched with

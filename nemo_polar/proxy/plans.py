@@ -10,9 +10,11 @@
   record inline (`"record": {response, finish_reason, generation_token_ids, generation_log_probs, served_model,
   request: {sampling}}`), so a session replays a run recorded by another proxy (counterfactual replay).
 - `{"live": true}` → a normal generation.
-- `{"next_best": {"seed": s, "n": 4, "temperature": 1.0, "exclude_record": id, "exclude_response": {...}}}` →
-  `n` samples from the same context (seeds s, s+1, …), and the best one (highest total log-probability) whose
-  action differs from the excluded record's (`action_key`: tool names and parsed arguments, else the text).
+- `{"next_best": {"seed": s, "n": 4, "temperature": 1.0, "exclude_record": id, "exclude_response": {...},
+  "chat_template_kwargs": {...}}}` → `n` samples from the same context (seeds s, s+1, …; the prompt rendered with
+  the excluded call's template kwargs, from the step or its stored record), and the best one (highest total
+  log-probability) whose action differs from the excluded record's (`action_key`: tool names and parsed
+  arguments, else the text).
 
 Also: Hermes tool-call parsing for the prefix-preserving path, where the proxy generates from token ids itself.
 This module does no I/O.
@@ -148,6 +150,7 @@ class NextBest:
     temperature: float = 1.0
     exclude_record: str | None = None
     exclude_response: Mapping[str, Any] | None = None
+    chat_template_kwargs: Mapping[str, Any] | None = None
 
 
 def next_best_options(step: Mapping[str, Any]) -> NextBest:
@@ -155,7 +158,7 @@ def next_best_options(step: Mapping[str, Any]) -> NextBest:
     spec = step.get("next_best")
     if not isinstance(spec, Mapping):
         raise ValueError("next_best must be an object")
-    unknown = set(spec) - {"seed", "n", "temperature", "exclude_record", "exclude_response"}
+    unknown = set(spec) - {"seed", "n", "temperature", "exclude_record", "exclude_response", "chat_template_kwargs"}
     if unknown:
         raise ValueError(f"next_best: unknown field(s) {sorted(unknown)}")
     seed, n, temp = spec.get("seed", 0), spec.get("n", 4), spec.get("temperature", 1.0)
@@ -168,7 +171,10 @@ def next_best_options(step: Mapping[str, Any]) -> NextBest:
         raise ValueError("next_best.exclude_record must be a record id")
     if resp is not None and not isinstance(resp, Mapping):
         raise ValueError("next_best.exclude_response must be a record's response object")
-    return NextBest(seed, n, float(temp), excl, resp)
+    ctk = spec.get("chat_template_kwargs")
+    if ctk is not None and not isinstance(ctk, Mapping):
+        raise ValueError("next_best.chat_template_kwargs must be an object")
+    return NextBest(seed, n, float(temp), excl, resp, ctk)
 
 
 def action_key(response: Mapping[str, Any]) -> tuple[Any, ...]:

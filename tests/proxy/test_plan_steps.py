@@ -126,12 +126,21 @@ def test_next_best_samples_n_seeds_and_keeps_the_best_differing_one(loop_thread:
     try:
         h = make_proxy([fake.base_url])
         # the recorded action was "gamma" (seed 2, the most likely sample): next best is "alpha" (seed 0)
-        step = {"next_best": {"seed": 0, "n": 4, "temperature": 0.7, "exclude_response": {"content": "gamma"}}}
+        step = {
+            "next_best": {
+                "seed": 0,
+                "n": 4,
+                "temperature": 0.7,
+                "exclude_response": {"content": "gamma"},
+                "chat_template_kwargs": {"enable_thinking": False},  # as the excluded (forced) call was rendered
+            }
+        }
         s = h.session(plan={"version": 1, "steps": [step, {"live": True}]}, sampling={"temperature": 0.0})
         c = _oa(h, s.api_key)
         assert c.chat.completions.create(model="m", messages=MSG).choices[0].message.content == "alpha"
         chats = [r for r in fake.requests if "messages" in r]
         assert [(r["seed"], r["temperature"]) for r in chats] == [(i, 0.7) for i in range(4)]
+        assert all(r["chat_template_kwargs"] == {"enable_thinking": False} for r in chats)
         c.chat.completions.create(model="m", messages=MSG)  # the plan's next step: live, the session's sampling
         rec, live = h.records(s.session_id)
         assert rec.origin == "live" and rec.request["sampling"]["seed"] == 0
