@@ -138,6 +138,7 @@ class Proxy:
         self._http = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=1024, limit_per_host=0, ttl_dns_cache=300),
             json_serialize=lambda o: orjson.dumps(o).decode(),
+            cookie_jar=aiohttp.DummyCookieJar(),  # an inference upstream sets no cookies: skip the jar's work per call
         )
         self.upstreams.bind(self._http)
         try:
@@ -747,7 +748,8 @@ class Proxy:
 
     async def _events(
         self, session: Session, rec: CompletionRecord, call: EngineCall, step: dict[str, Any] | None, gen: Generation
-    ) -> AsyncGenerator[StreamEvent, None]:
+    ) -> AsyncGenerator[list[StreamEvent], None]:
+        """The reply's events, in lists: each list is what arrived together, written to the client in one write."""
         live_stream = (step is None or "live" in step) and not (
             self.config.prefix_preserving == "splice" and rec.call_kind == CallKind.MAIN.value and session.chain_tip
         )
@@ -759,8 +761,13 @@ class Proxy:
                 and session.chain_tip
             ):
                 call.extra["required_prefix_token_ids"] = session.chain_tip
-            async for ev in self.engine.stream(call, gen):
-                yield ev
+            batches = getattr(self.engine, "stream_batches", None)
+            if batches is not None:
+                async for batch in batches(call, gen):
+                    yield batch
+            else:
+                async for ev in self.engine.stream(call, gen):
+                    yield [ev]
             self._advance_tip(session, rec, gen)
             return
         done = await self._run(session, rec, call, step)
@@ -768,14 +775,17 @@ class Proxy:
             setattr(gen, name, getattr(done, name))
         res = done.result
         assert res is not None
+        out: list[StreamEvent] = []
         if res.reasoning:
-            yield StreamEvent("reasoning", text=res.reasoning)
+            out.append(StreamEvent("reasoning", text=res.reasoning))
         if res.content:
-            yield StreamEvent("text", text=res.content)
+            out.append(StreamEvent("text", text=res.content))
         for i, tc in enumerate(res.tool_calls):
-            yield StreamEvent("tool_call", index=i, id=tc.id, name=tc.name)
+            out.append(StreamEvent("tool_call", index=i, id=tc.id, name=tc.name))
             if tc.arguments:
-                yield StreamEvent("tool_args", index=i, text=tc.arguments)
+                out.append(StreamEvent("tool_args", index=i, text=tc.arguments))
+        if out:
+            yield out
 
     async def _reply_stream(
         self,
@@ -790,7 +800,7 @@ class Proxy:
         pending = self.store.put_pending(rec)
         gen = Generation()
         events = self._events(session, rec, call, step, gen)
-        first: StreamEvent | None = None
+        first: list[StreamEvent] | None = None
         try:
             first = await events.__anext__()
         except StopAsyncIteration:
@@ -808,9 +818,9 @@ class Proxy:
         try:
             await resp.prepare(request)
             if first is not None:
-                await _write(resp, renderer.feed(first))
-                async for ev in events:
-                    await _write(resp, renderer.feed(ev))
+                await _write(resp, _render(renderer, first))
+                async for batch in events:
+                    await _write(resp, _render(renderer, batch))
         except ProviderError as err:  # upstream broke mid-stream: the client cannot get a clean ending
             await self._stream_failed(
                 rec,
@@ -986,6 +996,33 @@ def _admin_error(message: str) -> str:
 
 def _admin_json(body: Any, status: int = 200) -> web.Response:
     return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+def _render(renderer: Any, batch: list[StreamEvent]) -> list[bytes]:
+    """Frames for events that arrived together; adjacent pieces of the same text are sent as one delta."""
+    if len(batch) == 1:
+        frames: list[bytes] = renderer.feed(batch[0])
+        return frames
+    frames = []
+    for ev in _coalesce(batch):
+        frames += renderer.feed(ev)
+    return frames
+
+
+def _coalesce(batch: list[StreamEvent]) -> list[StreamEvent]:
+    out: list[StreamEvent] = []
+    parts: list[str] = []
+    for ev in batch:
+        if ev.kind != "tool_call" and out and out[-1].kind == ev.kind and out[-1].index == ev.index:
+            parts.append(ev.text)
+            continue
+        if len(parts) > 1:
+            out[-1] = StreamEvent(out[-1].kind, text="".join(parts), index=out[-1].index)
+        out.append(ev)
+        parts = [ev.text]
+    if len(parts) > 1:
+        out[-1] = StreamEvent(out[-1].kind, text="".join(parts), index=out[-1].index)
+    return out
 
 
 async def _write(resp: web.StreamResponse, frames: list[bytes]) -> None:

@@ -40,6 +40,10 @@ class FakeBehaviour:
     delay_s: float = 0.0  # before answering
     chunk_delay_s: float = 0.0  # streaming: pause between chunks
     keep_requests: bool = True
+    # sized: answer as vLLM would for THIS request: ~1 prompt id per 4 bytes of messages + tools, `max_tokens` sampled
+    # ids (a request mix of 1k/8k-token prompts and 64-512-token answers); a stream then carries one chunk per token,
+    # all written at once (an infinitely fast model)
+    sized: bool = False
 
 
 @dataclass
@@ -81,11 +85,19 @@ class FakeUpstream:
 
     # -- helpers -------------------------------------------------------------------------------------------------
 
-    def _ids(self) -> tuple[list[int], list[int], list[float]]:
+    def _sizes(self, body: dict[str, Any] | None) -> tuple[int, int]:
         b = self.behaviour
-        prompt = [(i * 7919) % 150000 for i in range(b.n_prompt)]
-        gen = [(i * 104729) % 150000 + 1 for i in range(b.n_gen)]
-        lps = [-round(0.01 * (i % 13), 4) for i in range(b.n_gen)]
+        if not b.sized or body is None:
+            return b.n_prompt, b.n_gen
+        n_prompt = max(1, len(orjson.dumps([body.get("messages"), body.get("tools")])) // 4)
+        n_gen = body.get("max_completion_tokens") or body.get("max_tokens") or b.n_gen
+        return n_prompt, int(n_gen)
+
+    def _ids(self, body: dict[str, Any] | None = None) -> tuple[list[int], list[int], list[float]]:
+        n_prompt, n_gen = self._sizes(body)
+        prompt = [(i * 7919) % 150000 for i in range(n_prompt)]
+        gen = [(i * 104729) % 150000 + 1 for i in range(n_gen)]
+        lps = [-round(0.01 * (i % 13), 4) for i in range(n_gen)]
         return prompt, gen, lps
 
     def _content(self, body: dict[str, Any]) -> str:
@@ -94,7 +106,7 @@ class FakeUpstream:
             return str(so["choice"][0])
         if self.behaviour.text is not None:
             return self.behaviour.text
-        return " ".join(f"w{i}" for i in range(self.behaviour.n_gen))
+        return " ".join(f"w{i}" for i in range(self._sizes(body)[1]))
 
     @staticmethod
     def _tool_calls(content: str, body: dict[str, Any]) -> tuple[str, list[dict[str, Any]]]:
@@ -145,7 +157,7 @@ class FakeUpstream:
         body = await self._prelude(request)
         if isinstance(body, web.Response):
             return body
-        prompt, _, _ = self._ids()
+        prompt, _, _ = self._ids(body)
         return web.json_response({"count": len(prompt), "max_model_len": 40960, "tokens": prompt})
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
@@ -181,7 +193,15 @@ class FakeUpstream:
             return body
         if body.get("stream"):
             return await self._chat_stream(request, body)
-        key = ("chat", body.get("model"), orjson.dumps(body.get("structured_outputs")), bool(body.get("tools")))
+        key = (
+            "chat",
+            body.get("model"),
+            orjson.dumps(body.get("structured_outputs")),
+            bool(body.get("tools")),
+            bool(body.get("return_tokens_as_token_ids")),
+            bool(body.get("return_token_ids")),
+            self._sizes(body),
+        )
         cached = self._cache.get(key)
         if cached is None:
             cached = orjson.dumps(self._chat_body(body))
@@ -189,7 +209,8 @@ class FakeUpstream:
         return web.Response(body=cached, content_type="application/json")
 
     def _chat_body(self, body: dict[str, Any]) -> dict[str, Any]:
-        prompt, gen, lps = self._ids()
+        prompt, gen, lps = self._ids(body)
+        as_ids = bool(body.get("return_tokens_as_token_ids"))  # vLLM's flag (NeMo Gym's capture reads these)
         content, calls = self._tool_calls(self._content(body), body)
         message: dict[str, Any] = {
             "role": "assistant",
@@ -211,17 +232,20 @@ class FakeUpstream:
             choice["prompt_token_ids"] = prompt
             choice["meta_info"] = {"output_token_logprobs": [[lp, t, f"t{t}"] for lp, t in zip(lps, gen, strict=True)]}
         else:
-            out["prompt_token_ids"] = prompt
-            choice["token_ids"] = gen
+            if body.get("return_token_ids") or not self.behaviour.sized:  # sized: only when asked, as vLLM does
+                out["prompt_token_ids"] = prompt
+                choice["token_ids"] = gen
             choice["logprobs"] = {
                 "content": [
-                    {"token": f"t{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
+                    {"token": f"token_id:{t}" if as_ids else f"t{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
                     for t, lp in zip(gen, lps, strict=True)
                 ]
             }
         return out
 
     async def _chat_stream(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        if self.behaviour.sized:
+            return await self._sized_stream(request, body)
         prompt, gen, lps = self._ids()
         content, calls = self._tool_calls(self._content(body), body)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
@@ -283,6 +307,44 @@ class FakeUpstream:
         await resp.write_eof()
         return resp
 
+    async def _sized_stream(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
+        """One chunk per token, as vLLM streams, pre-rendered per size and written at once."""
+        as_ids, with_ids = bool(body.get("return_tokens_as_token_ids")), bool(body.get("return_token_ids"))
+        key = ("stream", body.get("model"), self._sizes(body), as_ids, with_ids)
+        data = self._cache.get(key)
+        if data is None:
+            prompt, gen, lps = self._ids(body)
+            base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time())}
+            base["model"] = body.get("model")
+            first = {**base, "choices": [{"index": 0, "delta": {"role": "assistant"}}]}
+            if with_ids:
+                first["prompt_token_ids"] = prompt
+            frames = [b"data: " + orjson.dumps(first) + b"\n\n"]
+            for k, (t, lp) in enumerate(zip(gen, lps, strict=True)):
+                tok = f"token_id:{t}" if as_ids else f"w{k}"
+                ch: dict[str, Any] = {
+                    "index": 0,
+                    "delta": {"content": f"w{k} "},
+                    "logprobs": {"content": [{"token": tok, "logprob": lp, "top_logprobs": []}]},
+                    "finish_reason": "length" if k == len(gen) - 1 else None,
+                }
+                if with_ids:
+                    ch["token_ids"] = [t]
+                frames.append(b"data: " + orjson.dumps({**base, "choices": [ch]}) + b"\n\n")
+            usage = {
+                "prompt_tokens": len(prompt),
+                "completion_tokens": len(gen),
+                "total_tokens": len(prompt) + len(gen),
+            }
+            frames.append(b"data: " + orjson.dumps({**base, "choices": [], "usage": usage}) + b"\n\n")
+            frames.append(b"data: [DONE]\n\n")
+            data = self._cache[key] = b"".join(frames)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(data)
+        await resp.write_eof()
+        return resp
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description="A FAKE vLLM-dialect upstream (instant, fixed answers) on 127.0.0.1")
@@ -291,9 +353,14 @@ def main() -> None:
     ap.add_argument("--n-prompt", type=int, default=1000)
     ap.add_argument("--n-gen", type=int, default=64)
     ap.add_argument("--chunk-delay-s", type=float, default=0.0)
+    ap.add_argument("--sized", action="store_true", help="prompt ids and answer length follow each request")
     args = ap.parse_args()
     behaviour = FakeBehaviour(
-        n_prompt=args.n_prompt, n_gen=args.n_gen, keep_requests=False, chunk_delay_s=args.chunk_delay_s
+        n_prompt=args.n_prompt,
+        n_gen=args.n_gen,
+        keep_requests=False,
+        chunk_delay_s=args.chunk_delay_s,
+        sized=args.sized,
     )
     fake = FakeUpstream(flavor=args.flavor, port=args.port, behaviour=behaviour)
     web.run_app(fake.app(), host="127.0.0.1", port=args.port, access_log=None, print=None)

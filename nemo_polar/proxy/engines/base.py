@@ -21,6 +21,7 @@ from typing import Any, Protocol
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, StreamEvent
 
@@ -30,6 +31,7 @@ _CONNECT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError
 if hasattr(aiohttp, "ConnectionTimeoutError"):
     _CONNECT_ERRORS = (*_CONNECT_ERRORS, aiohttp.ConnectionTimeoutError)
 
+_JSON_HEADERS = {"Content-Type": "application/json"}
 _OVERFLOW_MARKERS = ("maximum context length", "context length", "too long", "max_model_len", "exceeds the model")
 
 
@@ -164,6 +166,15 @@ class Upstreams:
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
         self._http: aiohttp.ClientSession | None = None
+        # parsed once: aiohttp re-parses a str URL on every request
+        self._urls: dict[tuple[str, str], URL] = {}
+        self._timeouts: dict[float | None, aiohttp.ClientTimeout] = {}
+
+    def _url(self, base: str, path: str) -> URL:
+        url = self._urls.get((base, path))
+        if url is None:
+            url = self._urls[(base, path)] = URL(base + path)
+        return url
 
     def bind(self, http: aiohttp.ClientSession) -> None:
         self._http = http
@@ -183,12 +194,15 @@ class Upstreams:
         return self.urls[start:] + self.urls[:start]
 
     def timeout(self, *, total_s: float | None = None) -> aiohttp.ClientTimeout:
-        return aiohttp.ClientTimeout(
-            total=total_s,
-            connect=self.connect_timeout_s,
-            sock_connect=self.connect_timeout_s,
-            sock_read=self.read_timeout_s,
-        )
+        t = self._timeouts.get(total_s)
+        if t is None:
+            t = self._timeouts[total_s] = aiohttp.ClientTimeout(
+                total=total_s,
+                connect=self.connect_timeout_s,
+                sock_connect=self.connect_timeout_s,
+                sock_read=self.read_timeout_s,
+            )
+        return t
 
     async def post(
         self, path: str, body: dict[str, Any], route_key: str, gen: Generation, *, total_s: float | None = None
@@ -201,7 +215,7 @@ class Upstreams:
             gen.sent_at = time.time()
             try:
                 resp = await self.http.post(
-                    base + path, data=data, headers={"Content-Type": "application/json"}, timeout=timeout
+                    self._url(base, path), data=data, headers=_JSON_HEADERS, timeout=timeout
                 )
             except _CONNECT_ERRORS as exc:
                 gen.attempts.append({"endpoint": base, "error": f"{type(exc).__name__}: {exc}"})
