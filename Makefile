@@ -42,9 +42,9 @@ demo: venv deps backend
 	@$(POLAR) harness install qwen_code
 	@$(POLAR) demo
 
-# every benchmark script, one after the other (each prints its own side-by-side ratios)
+# every benchmark script, one after the other (each prints its own side-by-side ratios); writes benchmarks/RESULTS.md
 bench: venv backend
-	@set -e; for f in benchmarks/*.py; do echo "== $$f"; $(PY) $$f; done
+	@$(PY) benchmarks/_tables.py --out benchmarks/RESULTS.md
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

