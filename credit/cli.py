@@ -76,6 +76,9 @@ def _main(args: argparse.Namespace) -> int:
         plans = json.loads(args.plans.read_text()) if args.plans is not None else None
         if plans is not None and not isinstance(plans, dict):
             raise ValueError("--plans must hold a JSON object: record id -> plan step")
+        cf = cfg.counterfactual
+        if cf.rollout_url and cf.alternative == "plan" and not plans:
+            raise ValueError("alternative 'plan' needs --plans (record id -> the plan step that replaces it)")
     except (ValidationError, ValueError, OSError) as exc:
         print(f"polar credit: bad config: {exc}", file=sys.stderr)
         return 2

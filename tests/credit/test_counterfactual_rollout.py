@@ -272,3 +272,11 @@ def test_polar_credit_counterfactual_on_a_run_directory(recorded: Recorded, tmp_
     lines = [json.loads(x) for x in (run / "credit.jsonl").read_text().splitlines()]
     fixed = next(x for x in lines if x["session_id"] == recorded.results[0].session_id)
     assert [c.get("delta") for c in fixed["calls"]] == [1.0 if i == k else None for i in range(len(fixed["calls"]))]
+
+
+def test_polar_credit_plan_alternative_needs_plans(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from nemo_polar.cli import main
+
+    argv = ["credit", str(tmp_path), "--counterfactual", "http://127.0.0.1:1", "--alternative", "plan"]
+    assert main(argv) == 2
+    assert "needs --plans" in capsys.readouterr().err
