@@ -15,7 +15,7 @@ credit on irrelevant calls; mean ± 95 % t-interval over seeds. Rows `call` are 
 are the fused token advantages the trainer receives (α = 0.5 for (c)–(e)). Needs `polar backend prepare`
 (tiny-qwen3's tokenizer); without it, it exits 2 with the reason.
 
-The replay subset (`replay_truth.py`, run alongside in a thread): for the example tasks in `--replay-examples`,
+The replay subset (`_replay_truth.py`, run alongside in a thread): for the example tasks in `--replay-examples`,
 each call's effect measured through the REAL counterfactual replay path (rollout service, proxy plan steps, a real
 tool-calling harness, the `swe_tests` evaluator), scored against arms (a)-(c). `--replay-examples ''` skips it.
 """
@@ -75,10 +75,10 @@ def main(argv: list[str] | None = None) -> int:
     if names:  # mostly subprocesses (harness, tests): it overlaps the simulator's CPU work
 
         def replay_subset() -> None:
-            import replay_truth
+            import _replay_truth
 
             try:
-                replay["out"] = replay_truth.run(names)
+                replay["out"] = _replay_truth.run(names)
             except Exception as exc:  # reported, never fatal to the simulator's table
                 replay["error"] = f"{type(exc).__name__}: {exc}"
 
@@ -90,10 +90,10 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - t0
     print(format_table(out))
     if "out" in replay:
-        import replay_truth
+        import _replay_truth
 
         print()
-        print(replay_truth.format_table(replay["out"]))
+        print(_replay_truth.format_table(replay["out"]))
     elif "error" in replay:
         print(f"\nreplay subset failed: {replay['error']}")
     print(f"\nwall time {wall:.1f} s")

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Credit fidelity, the replay subset (issue 13 item 3): ground truth through the REAL counterfactual replay path.
+A helper of `credit_fidelity.py`, which runs it beside the simulator (`make bench` skips `_*.py`); runnable alone:
 
-    .venv/bin/python benchmarks/replay_truth.py [--examples median,slugify,lru_cache,roman,intervals]
+    .venv/bin/python benchmarks/_replay_truth.py [--examples median,slugify,lru_cache,roman,intervals]
         [--upstream URL --model NAME]
 
 What runs: the rollout service in this process (rollout server, one gateway, its hosted proxy) in front of the
