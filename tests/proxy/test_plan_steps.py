@@ -154,5 +154,10 @@ def test_next_best_samples_n_seeds_and_keeps_the_best_differing_one(loop_thread:
             "alpha"
         )
         assert h.records(s2.session_id)[0].request["sampling"]["seed"] == 4
+        # a streaming client gets the chosen sample too
+        s3 = h.session(plan={"version": 1, "steps": [step]})
+        chunks = _oa(h, s3.api_key).chat.completions.create(model="m", messages=MSG, stream=True)
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "alpha"
+        assert h.records(s3.session_id)[0].upstream["next_best"]["chosen"] == 0
     finally:
         loop_thread.run(fake.stop())
