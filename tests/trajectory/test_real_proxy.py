@@ -60,15 +60,19 @@ def serve(lt: LoopThread, store: Any, upstream: str, **cfg: Any) -> ProxyHandle:
     return ProxyHandle(lt, proxy, lt.run(start()))
 
 
-def tool_loop(h: ProxyHandle) -> list[Any]:
+def tool_loop(h: ProxyHandle, model_dir: Any, thinking: bool = False) -> list[Any]:
+    """Three calls; with `thinking` on, the client strips the reasoning from the history it sends back (what the
+    harnesses do), so the template cannot re-render what the model generated."""
     s = h.session(
-        sampling={"temperature": 0.0, "max_tokens": 64, "chat_template_kwargs": {"enable_thinking": False}},
+        sampling={"temperature": 0.0, "max_tokens": 64, "chat_template_kwargs": {"enable_thinking": thinking}},
         plan={
             "version": 1,
+            # thinking on: the live turn (generated with thinking on) is in the middle, so it is re-rendered too
             "steps": [
                 {"tool": "run_shell_command", "arguments": {"command": "ls"}},
+                *([{"live": True}] if thinking else []),
                 {"tool": "run_shell_command", "arguments": {"command": "cat README.md"}},
-                {"live": True},
+                *([] if thinking else [{"live": True}]),
             ],
         },
     )
@@ -79,18 +83,29 @@ def tool_loop(h: ProxyHandle) -> list[Any]:
     ]
     for _ in range(3):
         m = client.chat.completions.create(model="qwen3", messages=messages, tools=TOOLS).choices[0].message
-        messages.append(m.model_dump(exclude_none=True, exclude={"annotations", "audio", "refusal", "function_call"}))
+        sent_back = m.model_dump(exclude_none=True, exclude={"annotations", "audio", "refusal", "function_call"})
+        for k in ("reasoning_content", "reasoning"):  # stripped (a no-op with thinking off)
+            sent_back.pop(k, None)
+        messages.append(sent_back)
         for tc in m.tool_calls or []:
             cmd = json.loads(tc.function.arguments)["command"]
             messages.append({"role": "tool", "tool_call_id": tc.id, "content": f"output of {cmd}"})
     recs = h.records(s.session_id)
     assert len(recs) == 3 and all(r.error is None for r in recs)
+    # the live call's template really ran with thinking on/off: off pre-fills an empty think block in the generation
+    # prompt (forced calls always run with thinking off: the grammar spells the whole turn)
+    from transformers import AutoTokenizer
+
+    (live,) = [r for r in recs if r.origin == "live"]
+    tail = AutoTokenizer.from_pretrained(str(model_dir)).decode(live.prompt_token_ids[-8:])
+    assert ("</think>" in tail) is not thinking, tail
     return recs
 
 
-def test_rerendered_history_is_drift_through_the_real_proxy(vllm_qwen3, lt, tmp_path) -> None:
+@pytest.mark.parametrize("thinking", [False, True], ids=["thinking_off", "thinking_on_stripped"])
+def test_rerendered_history_is_drift_through_the_real_proxy(vllm_qwen3, lt, tmp_path, thinking) -> None:
     h = serve(lt, tmp_path / "plain", vllm_qwen3.base_url)
-    recs = tool_loop(h)
+    recs = tool_loop(h, vllm_qwen3.model_dir, thinking)
     eot = list(vllm_qwen3.eot_token_ids)  # alternatives: <|im_end|>, <|endoftext|>
     # each later call re-renders the previous turn: `drift`, or `truncated` when that turn hit max_tokens
     expected = [recs[0].id, *[("truncated" if prev.finish_reason == "length" else "drift") for prev in recs[:-1]]]
@@ -113,7 +128,8 @@ def test_rerendered_history_is_drift_through_the_real_proxy(vllm_qwen3, lt, tmp_
     ]
 
 
-def test_prefix_preserving_session_is_one_exact_chain(vllm_qwen3, lt, tmp_path) -> None:
+@pytest.mark.parametrize("thinking", [False, True], ids=["thinking_off", "thinking_on_stripped"])
+def test_prefix_preserving_session_is_one_exact_chain(vllm_qwen3, lt, tmp_path, thinking) -> None:
     h = serve(
         lt,
         tmp_path / "splice",
@@ -122,7 +138,7 @@ def test_prefix_preserving_session_is_one_exact_chain(vllm_qwen3, lt, tmp_path) 
         model_dir=str(vllm_qwen3.model_dir),
         eot_token_ids=list(vllm_qwen3.eot_token_ids),
     )
-    recs = tool_loop(h)
+    recs = tool_loop(h, vllm_qwen3.model_dir, thinking)
     eot = list(vllm_qwen3.eot_token_ids)  # alternatives: <|im_end|>, <|endoftext|>
     traj = build(recs, "prefix_merging", eot_token_ids=eot, verify=True)
     assert traj.stats.chains == 1 and traj.stats.merged == 2 and traj.stats.splits["drift"] == 0
