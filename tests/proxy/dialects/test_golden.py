@@ -2,7 +2,9 @@
 """Normalisation golden tests (issue 4): the requests captured from the six real CLIs normalise to committed output.
 
 Inputs are the captures in `tests/data/cli_requests/<variant>.json`: every request of a real CLI run against the
-proxy, secrets removed (the folder's README says how they were taken; `capture.py` re-takes them). Expected outputs are committed next to them in
+proxy, secrets removed (the folder's README says how they were taken; `capture.py` re-takes them); the `<cli>_tool`
+variants add each CLI's second main request, carrying its own wire form of a tool call and its result. Expected
+outputs are committed next to them in
 `tests/data/cli_requests/expected/<variant>.json`: for every model request of a capture, the record's `request`
 (`model`, `messages`, `tools`, `tool_choice`, `response_format`, the caller's `sampling`) and the `stream`,
 `include_usage` and `reasoning` flags. These tests only compare; they never write. After a deliberate change of the
