@@ -279,22 +279,29 @@ def _tail_bytes(path: Path) -> bytes:
 class SandboxRuntime(LocalRuntime):
     """The same per-session directory, but every command runs under bubblewrap (`nemo_polar.runtime.Sandbox`):
     read-only system, private HOME / tmp, writable workdir, and a network namespace whose only route out is the
-    proxy's loopback port. The git bookkeeping (baseline, diff) stays on the host."""
+    proxy's loopback port. The directory holding `root` (with the session's other runtimes) and `hidden` (the
+    gateway's run directory: other sessions, the record store) are empty inside. The git bookkeeping (baseline,
+    diff) stays on the host."""
 
-    def __init__(self, session_id: str, root: Path, spec: RuntimeSpec, proxy_port: int):
+    def __init__(self, session_id: str, root: Path, spec: RuntimeSpec, proxy_port: int, hidden: Sequence[Path] = ()):
         super().__init__(session_id, root, spec)
         self.proxy_port = proxy_port
+        parent = self.root.parent
+        self.hidden = tuple(dict.fromkeys([*([parent] if parent != parent.parent else []), *hidden]))
         self._sandbox: Any = None
 
     @classmethod
-    async def create_sandboxed(cls, session_id: str, spec: RuntimeSpec, root: Path, proxy_port: int) -> SandboxRuntime:
+    async def create_sandboxed(
+        cls, session_id: str, spec: RuntimeSpec, root: Path, proxy_port: int, hidden: Sequence[Path] = ()
+    ) -> SandboxRuntime:
         from nemo_polar.runtime.sandbox import Sandbox, SandboxError, SandboxSpec
 
-        rt = cls(session_id, root, spec, proxy_port)
+        rt = cls(session_id, root, spec, proxy_port, hidden)
         try:
             await asyncio.to_thread(rt._populate)
             await rt._baseline()
-            rt._sandbox = Sandbox(SandboxSpec(workdir=rt.workdir, home=rt.home, proxy_port=proxy_port))
+            sb_spec = SandboxSpec(workdir=rt.workdir, home=rt.home, proxy_port=proxy_port, hidden=rt.hidden)
+            rt._sandbox = Sandbox(sb_spec)
             await rt._sandbox.__aenter__()
         except SandboxError as exc:
             await rt.destroy()
@@ -329,13 +336,16 @@ class SandboxRuntime(LocalRuntime):
         await super().destroy()
 
 
-async def create_runtime(session_id: str, spec: RuntimeSpec, root: Path, *, proxy_port: int | None = None) -> Runtime:
+async def create_runtime(
+    session_id: str, spec: RuntimeSpec, root: Path, *, proxy_port: int | None = None, hidden: Sequence[Path] = ()
+) -> Runtime:
     """A runtime for `spec`: `local` + `isolation: none` is a plain directory with host processes; `local` +
-    `isolation: sandbox` runs every command under bubblewrap with only `proxy_port` reachable. Other kinds
-    (docker, apptainer) are not available yet and fail explicitly — never silently unsandboxed."""
+    `isolation: sandbox` runs every command under bubblewrap with only `proxy_port` reachable and the `hidden`
+    directories (the gateway's run directory) empty. Other kinds (docker, apptainer) are not available yet and fail
+    explicitly — never silently unsandboxed."""
     if spec.kind == "local" and spec.isolation == "none":
         return await LocalRuntime.create(session_id, spec, root)
     if spec.kind == "local":
         # with no proxy the relay's port leads nowhere: the sandbox then has no route out at all
-        return await SandboxRuntime.create_sandboxed(session_id, spec, root, proxy_port or 9)
+        return await SandboxRuntime.create_sandboxed(session_id, spec, root, proxy_port or 9, hidden)
     raise RuntimeSetupError(f"runtime kind {spec.kind!r} is not available on this gateway (local only)")

@@ -118,6 +118,7 @@ class SessionWork:
             job.task.runtime,
             self.work_dir / "runtimes" / job.session_id / name,
             proxy_port=port,
+            hidden=(self.work_dir,),  # other sessions' runtimes and the record store stay out of sight
         )
         try:
             await self._prepare(rt, job)
@@ -221,7 +222,9 @@ class SessionWork:
             run_s = agent.options.get("run_s", 0.0)
             if isinstance(run_s, list):
                 run_s = run_s[job.sample_index % len(run_s)]
-            plan_path = job.session_dir / "plan.json"
+            job.session_dir.mkdir(parents=True, exist_ok=True)
+            (job.session_dir / "plan.json").write_bytes(orjson.dumps(plan or {"steps": []}))
+            plan_path = rt.home / "polar-plan.json"  # the run directory is hidden from a sandboxed runtime
             plan_path.write_bytes(orjson.dumps(plan or {"steps": []}))
             argv = [
                 sys.executable,

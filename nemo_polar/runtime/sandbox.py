@@ -3,8 +3,11 @@
 
 Layout inside the sandbox: the host's `/` read-only; a fresh `/tmp`; the host user's home hidden behind a tmpfs
 (the nemo-polar cache and the Python installation stay visible read-only, so installed CLIs and venvs run); the
-session's private HOME and workdir bind-mounted read-write at their host paths; a control directory holding the
-relay's unix socket and the connect trace. The environment is cleared and replaced by the caller's.
+`hidden` directories (the gateway's run directory: other sessions' workdirs, the record store) behind empty
+read-only tmpfs mounts; the session's private HOME and workdir bind-mounted read-write at their host paths, on
+top; a read-only control directory holding the relay's unix socket, with only the connect trace writable. So
+nothing the sandbox writes outside its workdir and HOME reaches the host (`/tmp` and the hidden host home are
+sandbox-private memory). The environment is cleared and replaced by the caller's.
 
 Network: `--unshare-net` gives the sandbox a namespace with only `lo`. The in-sandbox relay (`relay.py`) listens
 on `127.0.0.1:<proxy port>` there and forwards each connection over the unix socket to `Sandbox`'s host-side
@@ -63,6 +66,8 @@ class SandboxSpec:
     proxy_port: the host-side proxy's port on `proxy_host`; inside, the relay listens on 127.0.0.1:proxy_port.
     ro_binds / rw_binds: extra host paths to expose (same path inside), e.g. a harness install dir elsewhere.
     hide_host_home: put a tmpfs over the host user's home (the cache and Python stay visible read-only).
+    hidden: host directories shown as empty and read-only inside (what is bound under them is mounted back on top):
+        the gateway's run directory, so one session can read neither another's workdir nor the record store.
     """
 
     workdir: Path
@@ -72,6 +77,7 @@ class SandboxSpec:
     ro_binds: tuple[Path, ...] = ()
     rw_binds: tuple[Path, ...] = ()
     hide_host_home: bool = True
+    hidden: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +120,18 @@ def _tail(path: Path) -> str:
         return fh.read().decode("utf-8", "replace")
 
 
+def _read_trace(path: Path) -> list[dict[str, Any]]:
+    """The relay's connect trace. The sandbox can write that file too: a line that is not an event is skipped,
+    never fatal (the host-side `forwarded` count is the number the sandbox cannot touch)."""
+    events = []
+    for line in path.read_text(errors="replace").splitlines() if path.exists() else []:
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if isinstance(event, dict):
+                events.append(event)
+    return events
+
+
 def _read_child_pid(fd: int) -> int | None:
     """Read bwrap's `--info-fd` JSON (blocks until bwrap writes it or exits) and close the fd."""
     try:
@@ -144,6 +162,8 @@ class Sandbox:
     """One sandbox: `async with Sandbox(spec) as sb: result = await sb.run(argv, env=…, timeout_s=…)`."""
 
     def __init__(self, spec: SandboxSpec):
+        if any(os.path.realpath(p) == "/" for p in spec.hidden):
+            raise SandboxError("the root directory cannot be hidden")
         self.spec = spec
         self._bwrap = bwrap_available()
         self._ctl: Path | None = None
@@ -158,6 +178,7 @@ class Sandbox:
             if not p.is_absolute() or not p.is_dir():
                 raise SandboxError(f"{p} must be an existing absolute directory")
         self._ctl = Path(tempfile.mkdtemp(prefix="polar-sandbox-"))
+        (self._ctl / "connect.jsonl").touch()  # bound writable into the read-only control directory
         self._server = await asyncio.start_unix_server(self._forward, path=str(self._ctl / "relay.sock"))
         return self
 
@@ -199,8 +220,9 @@ class Sandbox:
             out += ["--info-fd", str(info_fd)]
         out += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         out += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
-        if spec.hide_host_home:
-            out += ["--tmpfs", str(Path.home())]
+        masks = [str(Path.home())] if spec.hide_host_home else []
+        # hidden dirs at their real paths (a mount follows links); one that does not exist hides nothing
+        hidden_dirs = [os.path.realpath(h) for h in dict.fromkeys(spec.hidden) if os.path.isdir(h)]
         # keep what runs the harness visible even where it lives under the hidden home or the fresh /tmp (a checkout
         # or cache under /tmp): installed CLIs and venvs, the Python they point at, and the relay script
         ro: list[Path] = [*spec.ro_binds, host_cache_root(), Path(sys.prefix), Path(sys.base_prefix)]
@@ -209,7 +231,7 @@ class Sandbox:
         # `.venv` link into the cache), so `sys.executable` and the venv it belongs to work inside
         # (only where the alias is hidden: under the fresh /tmp or the hidden home; elsewhere the read-only root
         # already shows the link, and a mount point cannot be made over it)
-        hidden = ["/tmp"] + ([str(Path.home())] if spec.hide_host_home else [])
+        hidden = ["/tmp", *masks, *hidden_dirs]
         reals = {os.path.realpath(r) for r in ro}
         pairs: dict[tuple[str, str], None] = {}
         for r in ro:
@@ -218,10 +240,20 @@ class Sandbox:
             visible = any(alias.startswith(x.rstrip("/") + "/") for x in reals)  # inside a bound tree: a link there
             if alias != real and not visible and any(alias.startswith(h.rstrip("/") + "/") for h in hidden):
                 pairs[(real, alias)] = None
-        for src, dest in pairs:
-            out += ["--ro-bind-try", src, dest]
-        for p in dict.fromkeys([*spec.rw_binds, spec.home, spec.workdir, self._ctl]):
+        # masks and read-only binds from the shallowest path down, so each shows through the ones above it (the
+        # cache under the hidden home, the checkout's relay under a hidden run directory); at equal depth a mask
+        # comes last, so a hidden directory is never shown again by a bind of the same path
+        mounts = [(d, 0, ["--ro-bind-try", src, d]) for src, d in pairs]
+        mounts += [(m, 1, ["--tmpfs", m]) for m in masks]
+        mounts += [(h, 2, ["--tmpfs", h]) for h in hidden_dirs]
+        for _, _, args in sorted(mounts, key=lambda m: (len(Path(m[0]).parts), m[1])):
+            out += args
+        for p in dict.fromkeys([*spec.rw_binds, spec.home, spec.workdir]):
             out += ["--bind", str(p), str(p)]
+        trace = str(self._ctl / "connect.jsonl")
+        out += ["--ro-bind", str(self._ctl), str(self._ctl), "--bind", trace, trace]
+        for h in hidden_dirs:  # only the tmpfs itself: what was bound under it keeps its own mode
+            out += ["--remount-ro", h]
         out += ["--clearenv"]
         merged = {"PATH": DEFAULT_PATH, **env}
         for k, v in merged.items():
@@ -245,7 +277,7 @@ class Sandbox:
         out_path = stdout_path or self._ctl / "stdout.log"
         err_path = stderr_path or self._ctl / "stderr.log"
         trace = self._ctl / "connect.jsonl"
-        trace.unlink(missing_ok=True)
+        trace.write_bytes(b"")  # emptied, not removed: it is bound into the sandbox by path
         start = time.monotonic()
         timed_out = False
         info_r, info_w = os.pipe()
@@ -271,9 +303,7 @@ class Sandbox:
                 await asyncio.shield(self._stop_after_cancel(proc, init_pid))
                 raise
             await init_pid
-        events = []
-        if trace.exists():
-            events = [json.loads(line) for line in trace.read_text().splitlines() if line.strip()]
+        events = _read_trace(trace)
         return SandboxResult(
             exit_code=None if timed_out else proc.returncode,
             timed_out=timed_out,
