@@ -22,12 +22,13 @@ if [ ! -f "$VENV/.complete" ]; then
   quiet "$VENV/bin/python" -m pip install -q --upgrade pip
   # torch first, alone, so the CPU wheel on this machine's disk is the one taken.
   quiet "$VENV/bin/python" -m pip install -q -c constraints.txt torch==2.13.0
-  # Everything the project and the suite need, pinned by the constraints file.
+  # Everything the project and the suite need (the test and ray extras), pinned by the constraints file.
   quiet "$VENV/bin/python" -m pip install -q -c constraints.txt setuptools wheel \
     $("$PY" - <<'PYEOF'
 import tomllib
 d = tomllib.load(open("pyproject.toml", "rb"))["project"]
-deps = list(d["dependencies"]) + list(d["optional-dependencies"]["test"])
+extras = d["optional-dependencies"]
+deps = list(d["dependencies"]) + list(extras["test"]) + list(extras["ray"])  # ray: `polar launch --ray`
 print(" ".join(x.replace(" ", "") for x in deps))
 PYEOF
 )

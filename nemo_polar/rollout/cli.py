@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """`polar serve` (rollout server + one gateway in one process: the single-machine default), `polar serve-rollout`
-and `polar serve-gateway --node-id N` (the two apart). Everything binds 127.0.0.1 unless `--host` says otherwise.
+and `polar serve-gateway --node-id N` (the two apart), `polar launch --ray --gateways N` (the server and N gateways
+as Ray actors: `ray_launch`). Everything binds 127.0.0.1 unless `--host` says otherwise.
 
 A gateway given `--upstream URL` (a vLLM OpenAI endpoint, repeatable) hosts the model-API proxy in-process;
 without one it can only run `simulation` agents. The run directory (`--work-dir`) follows DESIGN §3: `rollout.sqlite`
@@ -13,15 +14,17 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import logging
 import signal
+import threading
 from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from nemo_polar.rollout.gateway import Gateway, GatewayConfig
-from nemo_polar.rollout.proxylink import HostedProxy
+from nemo_polar.rollout.proxylink import HostedProxy, start_hosted_proxy
 from nemo_polar.rollout.server import RolloutServer, ServerConfig
 
 __all__ = ["register"]
@@ -60,6 +63,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-attempts", type=int, default=2)
     p.set_defaults(func=_serve_rollout)
 
+    p = subparsers.add_parser("launch", help="rollout server + N gateway nodes as Ray actors (`--ray`)")
+    p.add_argument("--ray", action="store_true", help="place them as Ray actors (the only engine so far)")
+    p.add_argument("--gateways", type=int, default=1, help="number of gateway actors")
+    p.add_argument("--host", default="127.0.0.1", help="the address every server binds and advertises")
+    p.add_argument("--port", type=int, default=8700, help="rollout server port (0: any free port)")
+    p.add_argument("--ray-address", default=None, help="ray.init address: a cluster, `auto`, or `local` (a new one)")
+    p.add_argument("--ray-num-cpus", type=int, default=None, help="CPUs of a new local Ray cluster")
+    p.add_argument("--ray-node-ip", default=None, help="node IP of a new local Ray cluster (127.0.0.1 in tests)")
+    p.add_argument("--ray-temp-dir", default=None, help="Ray's session directory root of a new local cluster")
+    _gateway_flags(p)
+    p.set_defaults(func=_launch)
+
     p = subparsers.add_parser("serve-gateway", help="one gateway node, registering with a rollout server")
     p.add_argument("--node-id", required=True)
     p.add_argument("--server", required=True, help="rollout server URL")
@@ -87,16 +102,7 @@ def _gateway_config(args: argparse.Namespace, node_id: str, server_url: str | No
 
 
 async def _hosted_proxy(args: argparse.Namespace, node_id: str) -> HostedProxy | None:
-    if not args.upstream:
-        return None
-    from nemo_polar.proxy.app import ProxyConfig
-
-    cfg = ProxyConfig(
-        upstreams=list(args.upstream),
-        store_dir=args.work_dir,  # records.sqlite in the run directory (DESIGN §3)
-        served_model=args.model,
-    )
-    return await HostedProxy(cfg).start()
+    return await start_hosted_proxy(list(args.upstream), store_dir=args.work_dir, model=args.model)
 
 
 async def _until_signalled() -> None:
@@ -151,4 +157,48 @@ def _serve_rollout(args: argparse.Namespace) -> int:
 
 def _serve_gateway(args: argparse.Namespace) -> int:
     asyncio.run(_run_gateway(args, args.node_id, args.server, args.host, args.port))
+    return 0
+
+
+def _launch(args: argparse.Namespace) -> int:
+    if not args.ray:
+        raise SystemExit("polar launch: only `--ray` is supported; `polar serve` runs everything in one process")
+    try:
+        import ray
+    except ImportError as exc:
+        raise SystemExit("polar launch --ray needs Ray: pip install 'nemo-polar[ray]'") from exc
+    from nemo_polar.rollout import ray_launch
+
+    init: dict[str, Any] = {"address": args.ray_address, "include_dashboard": False}
+    if args.ray_num_cpus is not None:
+        init["num_cpus"] = args.ray_num_cpus
+    if args.ray_node_ip is not None:
+        init["_node_ip_address"] = args.ray_node_ip
+    if args.ray_temp_dir is not None:
+        init["_temp_dir"] = args.ray_temp_dir
+    ray.init(**init)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):  # after ray.init, which installs handlers of its own
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        spec = ray_launch.LaunchSpec(
+            gateways=args.gateways,
+            host=args.host,
+            port=args.port,
+            work_dir=args.work_dir,
+            gateway=_gateway_config(args, "node-0", None),
+            upstreams=tuple(args.upstream),
+            model=args.model,
+        )
+        launched = ray_launch.launch(spec)
+        try:
+            # one JSON line on stdout once every gateway has registered: what a script waits for
+            print(json.dumps({"server": launched.server_url, "gateways": launched.gateway_urls}), flush=True)
+            log.info("rollout server on %s, gateways %s", launched.server_url, ", ".join(launched.gateway_urls))
+            while not stop.wait(0.5):
+                pass
+        finally:
+            ray_launch.stop(launched)
+    finally:
+        ray.shutdown()
     return 0

@@ -19,7 +19,7 @@ from aiohttp import web
 
 from nemo_polar.types import CompletionRecord
 
-__all__ = ["HostedProxy", "ProxyLink", "ProxySession"]
+__all__ = ["HostedProxy", "ProxyLink", "ProxySession", "start_hosted_proxy"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,3 +119,14 @@ class HostedProxy:
             if len(page) < 1000:
                 return out
             after = page[-1].seq
+
+
+async def start_hosted_proxy(upstreams: list[str], *, store_dir: str, model: str | None) -> HostedProxy | None:
+    """The gateway's hosted proxy in front of `upstreams` (vLLM base URLs), or None without any (simulation only).
+    Its `records.sqlite` goes into `store_dir`, the gateway's run directory (DESIGN §3)."""
+    if not upstreams:
+        return None
+    from nemo_polar.proxy.app import ProxyConfig
+
+    cfg = ProxyConfig(upstreams=list(upstreams), store_dir=store_dir, served_model=model)
+    return await HostedProxy(cfg).start()
