@@ -456,7 +456,12 @@ class Trajectory(_JsonMixin):
 
 @dataclass(slots=True)
 class EvalResult(_JsonMixin):
-    """An evaluator's verdict. Infrastructure failures set `mask_sample` and `failure_kind`, reward 0."""
+    """An evaluator's verdict. Infrastructure failures set `mask_sample` and `failure_kind`, reward 0.
+
+    `trace_rewards` (optional) scores single traces apart from the session, e.g. a subagent chain judged on its
+    own: keyed by the trace's first record id (`call_spans[0][0]`, stable across rebuilds of the same records);
+    a trace named there carries that reward, every other trace `reward`.
+    """
 
     reward: float
     resolved: bool | None = None
@@ -465,6 +470,7 @@ class EvalResult(_JsonMixin):
     failure_reason: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     details: dict[str, Any] = field(default_factory=dict)
+    trace_rewards: dict[str, float] = field(default_factory=dict)
 
     def validate(self) -> EvalResult:
         errors: list[str] = []
@@ -477,6 +483,9 @@ class EvalResult(_JsonMixin):
         for k, v in self.metrics.items():
             if not isinstance(v, (int, float)) or not math.isfinite(v):
                 errors.append(f"metrics[{k!r}] must be finite, got {v!r}")
+        for k, v in self.trace_rewards.items():
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                errors.append(f"trace_rewards[{k!r}] must be a finite number, got {v!r}")
         if self.mask_sample and not self.failure_kind:
             errors.append("mask_sample requires a failure_kind")
         if errors:

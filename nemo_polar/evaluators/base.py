@@ -16,7 +16,7 @@ import asyncio
 import importlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EvalContext",
     "Evaluator",
+    "apply_trace_rewards",
     "failure",
     "get_evaluator",
     "register_evaluator",
@@ -121,3 +122,21 @@ async def run_evaluator(name: str, ctx: EvalContext, *, timeout_s: float) -> Eva
         return result.validate()
     except ValidationError as exc:
         return failure("evaluator_bad_result", str(exc), mask_sample=True)
+
+
+def apply_trace_rewards(trajectory: Trajectory, trace_rewards: Mapping[str, float]) -> tuple[Trajectory, list[str]]:
+    """The trajectory with `EvalResult.trace_rewards` applied: a trace whose first record id is named gets that
+    reward (and `metadata["reward_source"] = "trace"`); the others keep the session reward the builder gave them.
+    Returns the new trajectory and the keys that named no trace (reported, never fatal). Pure: inputs untouched."""
+    if not trace_rewards:
+        return trajectory, []
+    traces, used = [], set()
+    for trace in trajectory.traces:
+        key = trace.call_spans[0][0] if trace.call_spans else None
+        if key is not None and key in trace_rewards:
+            used.add(key)
+            trace = replace(
+                trace, reward=float(trace_rewards[key]), metadata={**trace.metadata, "reward_source": "trace"}
+            )
+        traces.append(trace)
+    return replace(trajectory, traces=traces), sorted(set(trace_rewards) - used)

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from nemo_polar.evaluators import EvalContext, run_evaluator
+from nemo_polar.evaluators.base import apply_trace_rewards
 from nemo_polar.evaluators.base import failure as eval_failure
 from nemo_polar.rollout.retry import Backoff, retry
 from nemo_polar.rollout.runtime import Runtime, RuntimeSetupError, create_runtime
@@ -313,6 +314,9 @@ class SessionWork:
         ev = await self._evaluate(job, diff, trajectory)
         if records and "builder_error" not in notes:
             trajectory = self._safe_build(job, records, ev.reward, notes)
+        trajectory, unmatched = apply_trace_rewards(trajectory, ev.trace_rewards)
+        if unmatched:
+            notes["unmatched_trace_rewards"] = unmatched
         task = job.task
         result = SessionResult(
             session_id=job.session_id,
