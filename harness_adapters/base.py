@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar, Literal
 
 from nemo_polar.types import CallKind
@@ -232,7 +232,13 @@ class HarnessAdapter:
             path, content = _step_field(step, "write", "path"), _step_field(step, "write", "content")
             if self.write_tool is None:
                 raise PlanError(f"{self.name} has no write tool")
-            return [{"tool": self.write_tool, "arguments": self.write_arguments(ctx, path, content)}]
+            out = []
+            # overwriting a file this session has not read is refused like an edit; the check runs where the plan is
+            # resolved (the host, before the run), so it sees the workdir the CLI will see
+            if self.read_before_edit and self.read_tool and Path(ctx.path(path)).exists():
+                out.append({"tool": self.read_tool, "arguments": self.read_arguments(ctx, path)})
+            out.append({"tool": self.write_tool, "arguments": self.write_arguments(ctx, path, content)})
+            return out
         if any(k in step for k in ("tool", "text", "live", "replay", "next_best")):
             return [dict(step)]
         raise PlanError(f"unknown plan step kind: {sorted(step)}")

@@ -3,10 +3,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from nemo_polar.harness_adapters import BUILTIN, HarnessAdapter, HarnessContext, PlanError, get_adapter, resolve_plan
 from nemo_polar.harness_adapters.base import PROXY_ENV_VARS
 
+from nemo_polar.runtime.harness import make_context
 from nemo_polar.types import CallKind
 
 CTX = HarnessContext(
@@ -120,6 +123,18 @@ def test_plan_steps_resolve_to_native_tool_calls(name: str) -> None:
         assert "/sandbox/workdir/notes.txt" in next(iter(edit["arguments"].values()))
     if name in ("claude_code", "opencode", "qwen_code"):  # these refuse to edit a file the session has not read
         assert len(steps) == 4 and steps[1]["tool"] in ("Read", "read", "read_file")
+
+
+@pytest.mark.parametrize("name", ["claude_code", "opencode", "qwen_code", "pi"])
+def test_write_onto_an_existing_file_reads_it_first_where_the_cli_requires(name: str, tmp_path: Path) -> None:
+    adapter = get_adapter(name)
+    ctx = make_context(adapter, base_url="http://127.0.0.1:1", api_key="-", model="m", workdir=tmp_path, home=tmp_path)
+    (tmp_path / "old.txt").write_text("x\n")
+    over = adapter.resolve_step({"write": {"path": "old.txt", "content": "y\n"}}, ctx)
+    fresh = adapter.resolve_step({"write": {"path": "new.txt", "content": "y\n"}}, ctx)
+    assert [s["tool"] for s in fresh] == [adapter.write_tool]
+    want = [adapter.read_tool, adapter.write_tool] if adapter.read_before_edit else [adapter.write_tool]
+    assert [s["tool"] for s in over] == want
 
 
 def test_codex_patch_grammar() -> None:
