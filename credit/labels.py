@@ -5,8 +5,10 @@ Row format: `{id, source, harness, tool, arguments, observation?, context?, labe
 `source` is `idiom` (realistic shell/tool idioms written by hand) or `capture` (calls taken from harness
 end-to-end runs). `tool` is null for a tool-less reply (mini-swe-agent), whose `arguments.content` is the
 reply text. `context.after_edit` states whether an edit preceded the call in its session (the position
-prior needs it). `split` is `train`/`test`, 70/30, fixed by `split_of(id)` (a seeded hash), so adding rows
-never moves old ones. Rules are tuned on `train` only. This module does not change any rule.
+prior needs it). `split` is `train`/`test`, 70/30: for idiom rows fixed by `split_of(id)` (a seeded hash), so
+adding rows never moves old ones; capture rows (also `reason`, the one-line why of the hand label) are split by
+`tests/credit/capture_role_calls.py`, stratified by harness × label. Rules are tuned on `train` only;
+`python -m nemo_polar.credit.roles_eval` prints the accuracy. This module does not change any rule.
 """
 
 from __future__ import annotations

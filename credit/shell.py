@@ -362,6 +362,10 @@ class _Analyser:
             return self._build_tool(w, prog, args, res, depth)
         if prog in INTERPRETERS or prog.startswith("python"):
             return self._interpreter(w, prog, args, heredoc, res)
+        if prog in ("grep", "egrep", "fgrep", "rg") and any(
+            a in ("--quiet", "--silent") or re.fullmatch(r"-[a-zA-Z]*q[a-zA-Z]*", a) for a in args
+        ):
+            return CommandEffect("EXEC", w, f"{prog} -q (an exit-status check)")  # a condition: position decides
         if prog in IG_COMMANDS:
             self._files([a for a in args if not a.startswith("-")], res.paths_read)
             return CommandEffect("IG", w, prog)
@@ -415,6 +419,8 @@ class _Analyser:
             "fetch",
             "bisect",
         }
+        if sub == "stash" and rest[:1] in (["list"], ["show"]):
+            return CommandEffect("IG", w, f"git stash {rest[0]}")
         if sub == "stash" and rest[:1] in ([], ["push"], ["save"], ["pop"], ["apply"]):
             return CommandEffect("STASH", w, f"git stash {' '.join(rest[:1])}".strip())
         if sub == "branch" and not [a for a in rest if not a.startswith("-")]:
@@ -523,6 +529,8 @@ class _Analyser:
                 return self._classify(sub[1:], None, res, depth) or CommandEffect("EXEC", w, prog)
             return CommandEffect("EXEC", w, f"{prog} {first}".strip())
         if prog in ("make", "gradle", "gradlew", "mvn", "mvnw", "rake", "bazel", "ninja", "sbt"):
+            if prog == "make" and any(a in ("-n", "--dry-run", "--just-print", "--recon") for a in args):
+                return CommandEffect("IG", w, "make -n (prints the commands)")
             if any(t.startswith(TEST_WORDS) or t in ("verify", "integration", "ci") for t in sub):
                 return CommandEffect("RV", w, f"{prog} {first}")
             if first in ("install", "clean", "dist", "deploy"):

