@@ -12,11 +12,9 @@ re-runs the fixed session with the calls before the edit replayed and, at the ed
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
-import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -31,6 +29,7 @@ from nemo_polar import examples
 from nemo_polar.rollout import PolarClient, TaskSpec
 from nemo_polar.types import CompletionRecord, SessionResult
 
+from ..proxy.conftest import LoopThread
 from ..rollout.helpers import start_gateway, start_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -52,21 +51,6 @@ FIX_PLAN = {
     "side": "live",
 }
 WRONG_EDIT = {"tool": "edit", "arguments": {"path": "stats.py", "old": _EDIT["old"], "new": "    return ordered[0]\n"}}
-
-
-class LoopThread:
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 900) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-        self.loop.close()
 
 
 @dataclass
@@ -119,7 +103,7 @@ def recorded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     from nemo_polar.rollout.proxylink import HostedProxy
 
     tmp = tmp_path_factory.mktemp(f"cf-{request.param}")
-    lt = LoopThread()
+    lt = LoopThread(timeout=900)
     task = _task()
     fake = FakeUpstream() if request.param == "fake" else None
     if fake is not None:

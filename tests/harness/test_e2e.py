@@ -17,13 +17,11 @@ connect trace shows the relay's port as the only destination.
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
 import shutil
 import sys
-import threading
-from collections.abc import Coroutine, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,6 +35,7 @@ from nemo_polar.runtime.harness import make_context, run_harness
 from nemo_polar.runtime.sandbox import bwrap_available
 from nemo_polar.types import CallKind, CompletionRecord
 
+from ..proxy.conftest import LoopThread
 from .counting_relay import CountingRelay
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -59,21 +58,6 @@ SAMPLING = {"max_tokens": 384, "temperature": 0.0}
 EXTRA_KINDS = {"qwen_code": {"side"}, "opencode": {"side"}}
 
 
-class LoopThread:
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 600) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-        self.loop.close()
-
-
 @dataclass
 class Stack:
     kind: str
@@ -86,7 +70,7 @@ class Stack:
 def _start_stack(kind: str, upstream_url: str, served_model: str, tmp: Path, backend: Any = None) -> Stack:
     from nemo_polar.proxy.app import Proxy, ProxyConfig
 
-    lt = LoopThread()
+    lt = LoopThread(timeout=600)
     extra: dict[str, Any] = {}
     if kind == "vllm":  # a whole session merges into one exact chain only with prefix-preserving generation
         extra = {
@@ -133,7 +117,7 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     if request.param == "fake":
         from nemo_polar.proxy.fake_upstream import FakeUpstream
 
-        lt0 = LoopThread()
+        lt0 = LoopThread(timeout=600)
         fake = FakeUpstream()
         lt0.run(fake.start())
         s = _start_stack("fake", fake.base_url, MODEL, tmp)

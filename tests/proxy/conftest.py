@@ -30,13 +30,14 @@ T = TypeVar("T")
 class LoopThread:
     """An asyncio loop in a daemon thread; `run(coro)` executes on it and returns the result."""
 
-    def __init__(self) -> None:
+    def __init__(self, timeout: float = 120) -> None:
+        self.timeout = timeout  # the default wait of `run`
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 120) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout or self.timeout)
 
     def stop(self) -> None:
         async def cancel_rest() -> None:
