@@ -66,6 +66,10 @@ def note(text: str) -> None:
 # -- the runner -----------------------------------------------------------------------------------------------------
 
 
+def _load() -> float:
+    return os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+
+
 def _machine() -> str:
     cpu = "unknown CPU"
     try:
@@ -81,8 +85,7 @@ def _machine() -> str:
         mem_gb = kb / 2**20
     except (OSError, ValueError, IndexError):
         pass
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    return f"{os.cpu_count()} cores ({cpu}), {mem_gb:.0f} GiB RAM, {platform.system()} {platform.release()}; load {load:.1f}"
+    return f"{os.cpu_count()} cores ({cpu}), {mem_gb:.0f} GiB RAM, {platform.system()} {platform.release()}"
 
 
 def _versions() -> str:
@@ -100,6 +103,7 @@ def run_all(out: Path, only: set[str] | None) -> int:
     if only:
         scripts = [p for p in scripts if p.stem in only]
     started = time.time()
+    load0 = _load()
     sections: list[str] = []
     failed = 0
     for script in scripts:
@@ -126,7 +130,7 @@ def run_all(out: Path, only: set[str] | None) -> int:
         status = "" if rc == 0 else f" — **exit status {rc}**"
         failed += rc != 0
         body = tables if tables.strip() else "```\n" + "".join(printed).strip() + "\n```\n"
-        sections.append(f"## `{script.name}` ({wall:.0f} s){status}\n\n{body}")
+        sections.append(f"## `{script.name}` ({wall:.0f} s, load average {_load():.1f} at its end){status}\n\n{body}")
     total = time.time() - started
     head = [
         "# Benchmark results",
@@ -134,7 +138,9 @@ def run_all(out: Path, only: set[str] | None) -> int:
         f"Written by `make bench` on {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC "
         f"in {total / 60:.1f} minutes.",
         "",
-        f"- Machine: {_machine()} (shared: other processes ran at the same time)",
+        f"- Machine: {_machine()}; shared with other engineers' test runs: 1-minute load average {load0:.1f} at the "
+        f"start, {_load():.1f} at the end (CPU times and latencies grow with it; ratios measured side by side hold "
+        "up better)",
         f"- Versions: {_versions()}",
         "",
     ]
