@@ -37,7 +37,9 @@ pytest: venv
 
 test: setup lint typecheck pytest
 
-demo: venv deps backend
+# the demo needs only tiny-qwen3 (smollm2 is for the suite)
+demo: venv deps
+	@$(POLAR) backend prepare --models tiny-qwen3
 	@$(POLAR) harness install pi
 	@$(POLAR) harness install qwen_code
 	@$(POLAR) demo
