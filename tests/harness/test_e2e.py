@@ -53,7 +53,7 @@ PLAN = {
     "side": "live",
 }
 # live calls (side calls, anything after the plan) on a random-weight model are noise: keep them short
-SAMPLING = {"max_tokens": 384, "temperature": 0.0}
+SAMPLING = {"max_tokens": 64, "temperature": 0.0}
 # kinds each harness is expected to produce besides `main` in this short session
 EXTRA_KINDS = {"qwen_code": {"side"}, "opencode": {"side"}}
 

@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 HARNESSES = ("codex", "qwen_code", "mini_swe_agent")
 # live calls (side calls such as Qwen Code's next-speaker check) on a random-weight model are noise: keep them short,
 # as a training recipe caps them too
-SAMPLING = {"max_tokens": 384, "temperature": 0.0}
+SAMPLING = {"max_tokens": 64, "temperature": 0.0}
 
 
 async def _run_stack(upstream: dict[str, Any], tmp_path: Path, task: TaskSpec) -> list[SessionResult]:
