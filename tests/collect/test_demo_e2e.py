@@ -55,7 +55,11 @@ def demo_run(vllm_qwen3: Any, tmp_path_factory: pytest.TempPathFactory) -> Itera
     for h in DEMO_HARNESSES:
         if not status(get_adapter(h)).installed:
             pytest.fail(f"{h} is not installed: run `polar harness install {h}` (make test does)")
-    out = tmp_path_factory.mktemp("demo") / "run"
+    # the run directory inside another project (as `make demo`'s runs/demo lies in this checkout): the agents' own
+    # pytest runs must still take the example repo as their rootdir, not this strict outer configuration
+    project = tmp_path_factory.mktemp("demo")
+    (project / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "--no-such-option-here"\n')
+    out = project / "run"
     proc = _polar(
         "demo",
         "--out",
@@ -99,6 +103,7 @@ def test_run_directory_has_every_sample_with_the_expected_rewards(demo_run: Path
     for name in ("tasks.jsonl", "records.sqlite", "trajectories.jsonl", "credit.jsonl", "summary.json"):
         assert (demo_run / name).is_file(), name
     results = _lines(demo_run / "trajectories.jsonl")
+    records = _records(demo_run)
     got = {(r["task_id"], r["sample_index"]): r for r in results}
     want = {(f"{t}.{h}", i) for t in DEMO_TASKS for h in DEMO_HARNESSES for i in (0, 1)}
     assert set(got) == want and len(results) == len(want)
@@ -107,6 +112,10 @@ def test_run_directory_has_every_sample_with_the_expected_rewards(demo_run: Path
         assert r["record_ids"], f"{task_id}#{i}: the harness's calls were recorded"
         if i == 0:  # fix_plan: the real tests pass on a fresh sandbox
             assert r["eval"]["reward"] == 1.0, (task_id, r["eval"], r["metadata"])
+            # ...and in the agent's own run of them (the plan's pytest step), as the next request shows
+            main = [d for d in records[r["session_id"]] if d["call_kind"] == "main" and not d["error"]]
+            results = [m.get("content") for m in main[-1]["request"]["messages"] if m.get("role") == "tool"]
+            assert any(" passed" in str(c) for c in results), (task_id, results[-1:])
         else:  # live tiny random-weight model: no fix
             assert r["eval"]["reward"] == 0.0, (task_id, r["eval"])
 
