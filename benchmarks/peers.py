@@ -744,6 +744,12 @@ def _vllm_part(only: set[str]) -> list[dict[str, Any]]:
     emit(
         rows, "vllm-cpu", "Peers on real vLLM-CPU (tiny-qwen3; ~1k-token prompts, 32-token answers, streaming and not)"
     )
+    note(
+        "On real vLLM the paths do not ask the model for the same work: polar and Gym ask vLLM for per-token logprobs "
+        "(`logprobs`, `top_logprobs: 0`: training data), which direct, the pass-through and LiteLLM's hook do not, so "
+        "part of their added latency is vLLM computing logprobs on this CPU, not the proxy. With a handful of requests "
+        "per cell, CPU per 1k requests here is at the resolution of the kernel's CPU clock (10 ms)."
+    )
     return rows
 
 
