@@ -214,9 +214,7 @@ class Upstreams:
         for base in self.order(route_key):
             gen.sent_at = time.time()
             try:
-                resp = await self.http.post(
-                    self._url(base, path), data=data, headers=_JSON_HEADERS, timeout=timeout
-                )
+                resp = await self.http.post(self._url(base, path), data=data, headers=_JSON_HEADERS, timeout=timeout)
             except _CONNECT_ERRORS as exc:
                 gen.attempts.append({"endpoint": base, "error": f"{type(exc).__name__}: {exc}"})
                 last = exc
