@@ -24,21 +24,20 @@ It needs the harness CLIs installed (`polar harness install NAME`) and bubblewra
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hashlib
 import json
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import uuid
 from collections import defaultdict
-from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
 from tests.credit.role_capture_plans import PLANS, Step
+from tests.harness.test_e2e import _wait_until_idle
+from tests.proxy.conftest import LoopThread
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
@@ -48,21 +47,6 @@ MODEL = "tiny-qwen3"
 WORK_ALIAS, HOME_ALIAS = "/srv/app", "/home/user"
 SPLIT_SEED = "polar-role-labels-capture-v1"
 OBS_MAX = 2000
-
-
-class LoopThread:
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self.thread.start()
-
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float = 900) -> T:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=10)
-        self.loop.close()
 
 
 class Stack:
@@ -85,7 +69,7 @@ class Stack:
                     c["id"] = f"chatcmpl-tool-{uuid.uuid4().hex[:16]}"
                 return content, calls
 
-        self.lt = LoopThread()
+        self.lt = LoopThread(timeout=900)
         self.fake = UniqueIdFake()
         self.lt.run(self.fake.start())
         self.proxy = Proxy(
@@ -205,24 +189,9 @@ def run_session(stack: Stack, name: str, steps: list[dict[str, Any]], tmp: Path)
     path = f"{Path(sys.executable).parent}:{harness_env(adapter, ctx).get('PATH', '/usr/bin:/bin')}"
     run = run_harness(adapter, ctx, instruction, timeout_s=600, out_dir=tmp / "out", extra_env={"PATH": path})
     res = stack.lt.run(run, timeout=700)
-    _wait_idle(stack)
+    _wait_until_idle(stack)  # type: ignore[arg-type]
     records = sorted(stack.proxy.store.list_records(session.session_id, limit=10_000), key=lambda r: r.seq)
     return [r for r in records if r.call_kind == "main"], res, work, home
-
-
-def _wait_idle(stack: Stack, timeout_s: float = 120.0) -> None:
-    import time
-    import urllib.request
-
-    deadline = time.monotonic() + timeout_s
-    req = urllib.request.Request(
-        stack.proxy.base_url + "/admin/status", headers={"Authorization": f"Bearer {stack.proxy.control_token}"}
-    )
-    while time.monotonic() < deadline:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            if json.loads(resp.read())["in_flight"] == 0:
-                return
-        time.sleep(0.5)
 
 
 def probe(name: str) -> None:
