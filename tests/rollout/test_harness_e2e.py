@@ -22,7 +22,7 @@ from nemo_polar.rollout import PolarClient, TaskSpec
 from nemo_polar.rollout.proxylink import HostedProxy
 from nemo_polar.types import SessionResult
 
-from .helpers import example_task, start_gateway, start_server
+from .helpers import CallbackReceiver, example_task, serve, start_gateway, start_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 # Codex (OpenAI Responses) and Qwen Code (OpenAI Chat); Claude Code currently stops at the proxy with
@@ -33,8 +33,11 @@ HARNESSES = ("codex", "qwen_code", "mini_swe_agent")
 SAMPLING = {"max_tokens": 64, "temperature": 0.0}
 
 
-async def _run_stack(upstream: dict[str, Any], tmp_path: Path, task: TaskSpec) -> list[SessionResult]:
-    """Fake or real upstream → hosted proxy → gateway → rollout server; submit `task`, collect its results."""
+async def _run_stack(
+    upstream: dict[str, Any], tmp_path: Path, task: TaskSpec, receiver: CallbackReceiver | None = None
+) -> list[SessionResult]:
+    """Fake or real upstream → hosted proxy → gateway → rollout server; submit `task`, collect its results (and, with
+    a callback `receiver`, wait until every result was delivered to it)."""
     from nemo_polar.proxy.app import ProxyConfig
     from nemo_polar.proxy.fake_upstream import FakeUpstream
 
@@ -52,13 +55,26 @@ async def _run_stack(upstream: dict[str, Any], tmp_path: Path, task: TaskSpec) -
     runner, server_url, _ = await start_server(tmp_path)
     gw = await start_gateway(tmp_path, server_url, model=upstream["model"], builder_options=builder_options)
     gw.work.proxy = proxy
+    cb_runner = None
+    if receiver is not None:
+        cb_runner, cb_url = await serve(receiver.app())
+        task = task.model_copy(update={"callback_url": f"{cb_url}/cb"})
     try:
         async with PolarClient(server_url, poll_wait_s=5) as client:
             await client.submit(task)
-            return await asyncio.wait_for(client.collect(task.task_id), timeout=900)
+            results = await asyncio.wait_for(client.collect(task.task_id), timeout=900)
+            for _ in range(600):  # callbacks are retried after a dropped acknowledgement
+                if receiver is None or (await client.status(task.task_id))["callbacks"].get("delivered") == len(
+                    results
+                ):
+                    break
+                await asyncio.sleep(0.1)
+            return results
     finally:
         await gw.close()
         await runner.cleanup()
+        if cb_runner is not None:
+            await cb_runner.cleanup()
         await proxy.stop()
         if fake is not None:
             await fake.stop()
@@ -83,9 +99,13 @@ def test_fix_plan_scores_one_and_noop_zero_with_a_real_harness(
         builder="prefix_merging" if upstream["kind"] == "vllm" else "per_request",
         timeout_s=600,
     )
-    results = asyncio.run(_run_stack(upstream, tmp_path, task))
+    receiver = CallbackReceiver(drop_first_ack=True)
+    results = asyncio.run(_run_stack(upstream, tmp_path, task, receiver))
     by = {r.sample_index: r for r in results}
     assert sorted(by) == [0, 1]
+    # the receiver dropped each first acknowledgement: two deliveries per idempotency key, each applied once
+    assert sorted(receiver.deliveries.values()) == [2, 2]
+    assert set(receiver.applied) == {r.session_id for r in results}
     for r in results:
         assert r.status == "COMPLETED", r.metadata
         assert r.record_ids, "the harness's model calls were recorded"
