@@ -51,6 +51,9 @@ def _turn_metadata(original: Mapping[str, Any] | None) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {}
 
 
+MAIN_AGENT = "/root"  # Codex names agents by their place in its agent tree; this is the main agent
+
+
 class CodexAdapter(HarnessAdapter):
     name = "codex"
     package = "@openai/codex"
@@ -122,7 +125,7 @@ class CodexAdapter(HarnessAdapter):
             if meta.get("request_kind", "turn") != "turn":
                 return CallKind.SIDE
             agent = meta.get("agent_name")
-            if isinstance(agent, str) and agent not in ("", "/root"):
+            if isinstance(agent, str) and agent not in ("", MAIN_AGENT):
                 return CallKind.SUBAGENT
         return CallKind.MAIN if tool_names(request) else CallKind.SIDE
 

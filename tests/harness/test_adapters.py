@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from nemo_polar.harness_adapters import BUILTIN, HarnessAdapter, HarnessContext, PlanError, get_adapter, resolve_plan
 from nemo_polar.harness_adapters.base import PROXY_ENV_VARS
+from nemo_polar.harness_adapters.codex import MAIN_AGENT
 
 from nemo_polar.runtime.harness import make_context
 from nemo_polar.types import CallKind
@@ -159,10 +160,10 @@ def test_codex_classification_reads_its_turn_metadata() -> None:
         return {"client_metadata": {"x-codex-turn-metadata": json.dumps(meta)}}
 
     tools = _req("dev", ("exec_command",))
-    # Codex names agents by their place in its agent tree ("/root" is the main agent), not by a file path
-    assert c(tools, original(agent_name="/root", request_kind="turn")) == CallKind.MAIN
-    assert c(tools, original(agent_name="/root/worker_1", request_kind="turn")) == CallKind.SUBAGENT
-    assert c(tools, original(agent_name="/root", request_kind="compact")) == CallKind.SIDE
+    # Codex names agents by their place in its agent tree (MAIN_AGENT is the main agent), not by a file path
+    assert c(tools, original(agent_name=MAIN_AGENT, request_kind="turn")) == CallKind.MAIN
+    assert c(tools, original(agent_name=f"{MAIN_AGENT}/worker_1", request_kind="turn")) == CallKind.SUBAGENT
+    assert c(tools, original(agent_name=MAIN_AGENT, request_kind="compact")) == CallKind.SIDE
     assert c(tools, {"client_metadata": {"x-codex-turn-metadata": "not json"}}) == CallKind.MAIN
 
 
