@@ -28,6 +28,7 @@ import pytest
 from nemo_polar.rollout import PolarClient
 from nemo_polar.types import SessionResult
 
+from ..procs import processes_with
 from .helpers import example_task, free_port
 
 # checked without importing Ray here: only the CLI's own process is a Ray driver
@@ -58,20 +59,6 @@ def _ready_line(proc: subprocess.Popen[str], timeout_s: float) -> dict[str, Any]
         if isinstance(with_server, dict) and "server" in with_server:
             return with_server
     raise AssertionError(f"polar launch did not get ready (exit {proc.poll()})")
-
-
-def _session_processes(marker: str) -> list[str]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if marker.encode() in cmd:
-            found.append(cmd.replace(b"\0", b" ").decode(errors="replace")[:200])
-    return found
 
 
 @pytest.mark.slow
@@ -108,7 +95,7 @@ def test_launch_ray_completes_a_task_with_two_gateway_actors(tmp_path: Path) -> 
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
         log.close()
-        leftovers = _session_processes(ray_tmp)
+        leftovers = list(processes_with(ray_tmp).values())
         shutil.rmtree(ray_tmp, ignore_errors=True)
     launch_log = (tmp_path / "launch.log").read_text()[-3000:]
     assert proc.returncode == 0, launch_log

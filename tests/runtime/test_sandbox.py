@@ -18,6 +18,8 @@ from aiohttp import web
 
 from nemo_polar.runtime.sandbox import Sandbox, SandboxSpec, bwrap_available
 
+from ..procs import processes_with
+
 pytestmark = pytest.mark.skipif(
     bwrap_available() is None, reason="bubblewrap is not installed (make test installs Debian `bubblewrap`)"
 )
@@ -128,20 +130,6 @@ def test_host_home_is_hidden_but_the_python_runs(tmp_path: Path) -> None:
     assert len(eval(listed)) < len(real) or not real
 
 
-def _marker_processes(marker: str) -> list[int]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if marker.encode() in cmd and b"pytest" not in cmd:
-            found.append(int(pid))
-    return found
-
-
 def test_timeout_kills_everything_inside(tmp_path: Path) -> None:
     work, home = _dirs(tmp_path)
     marker = f"polar-timeout-marker-{os.getpid()}"
@@ -153,7 +141,7 @@ def test_timeout_kills_everything_inside(tmp_path: Path) -> None:
 
     res = asyncio.run(go())
     assert res.timed_out and res.exit_code is None  # type: ignore[attr-defined]
-    assert _marker_processes(marker) == []
+    assert list(processes_with(marker, unless="pytest")) == []
 
 
 def test_cancellation_kills_everything_and_reraises(tmp_path: Path) -> None:
@@ -166,12 +154,12 @@ def test_cancellation_kills_everything_and_reraises(tmp_path: Path) -> None:
             task = asyncio.create_task(sb.run(["bash", "-c", script], env={}, timeout_s=300))
             for _ in range(100):
                 await asyncio.sleep(0.1)
-                if _marker_processes(marker):
+                if list(processes_with(marker, unless="pytest")):
                     break
-            assert _marker_processes(marker), "the sandboxed process never started"
+            assert list(processes_with(marker, unless="pytest")), "the sandboxed process never started"
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
 
     asyncio.run(go())
-    assert _marker_processes(marker) == []
+    assert list(processes_with(marker, unless="pytest")) == []
