@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import socket
 import sys
 import tempfile
 import time
@@ -39,6 +38,7 @@ from nemo_polar.credit.counterfactual_rollout import RolloutRunner
 from nemo_polar.credit.sim.fidelity import spearman
 
 from nemo_polar import examples
+from nemo_polar.backend.server import free_port
 from nemo_polar.rollout.spec import TaskSpec
 from nemo_polar.types import CompletionRecord, SessionResult
 
@@ -88,12 +88,6 @@ def example_task(name: str) -> TaskSpec:
     )
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 async def _measure(names: tuple[str, ...], work: Path, upstream: str | None, model: str) -> dict[str, Any]:
     from aiohttp import web
 
@@ -110,7 +104,7 @@ async def _measure(names: tuple[str, ...], work: Path, upstream: str | None, mod
     server = RolloutServer(ServerConfig(journal_path=str(work / "rollout.sqlite")))
     app_runner = web.AppRunner(server.make_app(), access_log=None)
     await app_runner.setup()
-    port = _free_port()
+    port = free_port()
     await web.TCPSite(app_runner, "127.0.0.1", port).start()
     server_url = f"http://127.0.0.1:{port}"
     gw = Gateway(

@@ -120,7 +120,7 @@ def main() -> int:
     if args.serve:
         _serve(*args.serve)
         return 0
-    up_port = po._free_port()
+    up_port = po.free_port()
     fake = subprocess.Popen(
         [sys.executable, "-m", "nemo_polar.proxy.fake_upstream", "--port", str(up_port)],
         stdout=subprocess.DEVNULL,

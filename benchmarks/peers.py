@@ -258,7 +258,7 @@ class Direct(Peer):
 
 class Passthrough(Peer):
     def start(self, upstream: str, model: str) -> None:
-        port = po._free_port()
+        port = po.free_port()
         self._spawn([sys.executable, str(Path(po.__file__)), "--passthrough", str(port), upstream])
         po._wait(f"http://127.0.0.1:{port}/")
         self.url = f"http://127.0.0.1:{port}/v1/chat/completions"
@@ -269,7 +269,7 @@ class Passthrough(Peer):
 
 class Polar(Peer):
     def start(self, upstream: str, model: str) -> None:
-        port = po._free_port()
+        port = po.free_port()
         self._spawn(
             [
                 sys.executable,
@@ -361,7 +361,7 @@ class LiteLLM(Peer):
             "general_settings": {"master_key": "sk-polar-bench"},  # LiteLLM refuses to start without one
         }
         Path(self.tmp, "config.yaml").write_text(json.dumps(cfg))  # JSON is YAML
-        port = po._free_port()
+        port = po.free_port()
         env = {
             **os.environ,
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
@@ -409,7 +409,7 @@ class Gym(Peer):
 
         venv = build_gym_venv(timeout_s=1800)
         self.tmp = tempfile.mkdtemp(prefix="polar-peer-gym-")
-        head, port = po._free_port(), po._free_port()
+        head, port = po.free_port(), po.free_port()
         cfg = {
             "config_paths": ["responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"],
             "default_host": "127.0.0.1",
@@ -706,7 +706,7 @@ def main() -> int:
 
 
 def _fake_part(plan: dict[int, int], only: set[str]) -> list[dict[str, Any]]:
-    up_port = po._free_port()
+    up_port = po.free_port()
     fake = subprocess.Popen(
         [sys.executable, "-m", "nemo_polar.proxy.fake_upstream", "--port", str(up_port), "--sized"],
         stdout=subprocess.DEVNULL,

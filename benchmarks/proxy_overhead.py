@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,14 +32,10 @@ from typing import Any
 
 import aiohttp
 
+from nemo_polar.backend.server import free_port
+
 CONTROL = "bench-control-token"
 TICKS = os.sysconf("SC_CLK_TCK")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(url: str, timeout_s: float = 120) -> None:
@@ -164,7 +159,7 @@ class Stack:
 
     def __enter__(self) -> Stack:
         env = {**os.environ, "POLAR_CONTROL_TOKEN": CONTROL}
-        self.polar_port, self.pt_port = _free_port(), _free_port()
+        self.polar_port, self.pt_port = free_port(), free_port()
         self.polar = subprocess.Popen(
             [
                 sys.executable,
@@ -279,7 +274,7 @@ def main() -> int:
         return 0
     rows: list[dict[str, Any]] = []
     scale = 0.25 if args.quick else 1.0
-    up_port = _free_port()
+    up_port = free_port()
     fake = subprocess.Popen(
         [sys.executable, "-m", "nemo_polar.proxy.fake_upstream", "--port", str(up_port)],
         stdout=subprocess.DEVNULL,

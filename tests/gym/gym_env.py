@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from nemo_polar.backend.server import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 ENVIRONMENTS = REPO / "environments"
@@ -47,12 +48,6 @@ def build_gym_venv(timeout_s: float = 3600) -> Path:
     if not (venv / "bin" / "gym").exists():
         raise GymVenvUnavailable(f"{venv} has no gym executable")
     return venv
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def http_json(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -23,15 +22,10 @@ import urllib.request
 import openai
 import pytest
 
+from nemo_polar.backend.server import free_port
 from tests.proxy.conftest import http_json
 
 TOKEN = "durability-control-token"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_http(url: str, timeout_s: float = 60) -> None:
@@ -108,7 +102,7 @@ def _stream_text(url: str, header: str, key: str, body: dict[str, object], termi
 
 @pytest.mark.slow
 def test_sigkill_mid_session_loses_no_delivered_record(tmp_path):
-    up_port, px_port = _free_port(), _free_port()
+    up_port, px_port = free_port(), free_port()
     upstream = subprocess.Popen(
         [sys.executable, "-m", "nemo_polar.proxy.fake_upstream", "--port", str(up_port), "--chunk-delay-s", "0.05"],
         stdout=subprocess.DEVNULL,

@@ -8,7 +8,6 @@ first delivery of each key.
 
 from __future__ import annotations
 
-import socket
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -20,12 +19,6 @@ from nemo_polar import examples
 from nemo_polar.rollout.gateway import Gateway, GatewayConfig
 from nemo_polar.rollout.server import RolloutServer, ServerConfig
 from nemo_polar.rollout.spec import TaskSpec
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def serve(app: web.Application, port: int = 0) -> tuple[web.AppRunner, str]:

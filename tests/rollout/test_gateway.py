@@ -16,10 +16,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nemo_polar.backend.server import free_port
 from nemo_polar.rollout import PolarClient, TaskSpec
 from nemo_polar.types import SessionResult
 
-from .helpers import free_port, start_gateway
+from .helpers import start_gateway
 
 ROOT = Path(__file__).resolve().parents[2]
 HOOK_CALLS: list[tuple[str, str]] = []

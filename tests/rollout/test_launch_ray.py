@@ -25,11 +25,12 @@ from typing import Any
 
 import pytest
 
+from nemo_polar.backend.server import free_port
 from nemo_polar.rollout import PolarClient
 from nemo_polar.types import SessionResult
 
 from ..procs import processes_with
-from .helpers import example_task, free_port
+from .helpers import example_task
 
 # checked without importing Ray here: only the CLI's own process is a Ray driver
 pytestmark = pytest.mark.skipif(
