@@ -21,10 +21,11 @@ import aiohttp
 import orjson
 import pytest
 
+from nemo_polar.backend.server import free_port
 from nemo_polar.rollout import PolarClient, TaskSpec
 from nemo_polar.types import SessionResult
 
-from .helpers import example_task, free_port, start_gateway, start_server
+from .helpers import example_task, start_gateway, start_server
 
 ROOT = Path(__file__).resolve().parents[2]
 
