@@ -112,7 +112,6 @@ class Proxy:
         self._admitting = asyncio.Event()
         self._idle = asyncio.Event()
         self._in_flight = 0
-        self._http: aiohttp.ClientSession | None = None
         self._splicer: Any = None
 
     def _make_engine(self, name: str) -> Engine:
@@ -135,19 +134,13 @@ class Proxy:
             log.info("loaded %d session(s) from %s", n, self.store.path)
         self._admitting.set()
         self._idle.set()
-        self._http = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=1024, limit_per_host=0, ttl_dns_cache=300),
-            json_serialize=lambda o: orjson.dumps(o).decode(),
-            cookie_jar=aiohttp.DummyCookieJar(),  # an inference upstream sets no cookies: skip the jar's work per call
-        )
-        self.upstreams.bind(self._http)
         try:
             yield
         finally:
             self._admitting.clear()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), timeout=10)
-            await self._http.close()
+            await self.upstreams.close()
             self.store.close()
 
     def make_app(self) -> web.Application:

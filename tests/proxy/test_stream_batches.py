@@ -12,7 +12,6 @@ import asyncio
 import json
 from typing import Any
 
-import aiohttp
 import pytest
 from aiohttp import web
 
@@ -72,11 +71,10 @@ async def _run(pieces: list[bytes]) -> tuple[list[list[StreamEvent]], Generation
     gen = Generation()
     batches: list[list[StreamEvent]] = []
     try:
-        async with aiohttp.ClientSession() as http:
-            ups.bind(http)
-            async for batch in engine.stream_batches(EngineCall(req, "m", {}, "s"), gen):
-                batches.append(batch)
+        async for batch in engine.stream_batches(EngineCall(req, "m", {}, "s"), gen):
+            batches.append(batch)
     finally:
+        await ups.close()
         await runner.cleanup()
     return batches, gen
 

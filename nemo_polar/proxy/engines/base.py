@@ -19,19 +19,20 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import aiohttp
 import orjson
-from yarl import URL
 
 from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, StreamEvent
+from nemo_polar.proxy.upstream_http import (
+    HTTPClient,
+    Target,
+    UpstreamConnectError,
+    UpstreamDisconnected,
+    UpstreamResponse,
+    UpstreamTimeout,
+)
 
 __all__ = ["Engine", "EngineCall", "Generation", "UpstreamError", "Upstreams", "upstream_error_from_response"]
 
-_CONNECT_ERRORS: tuple[type[BaseException], ...] = (aiohttp.ClientConnectorError,)
-if hasattr(aiohttp, "ConnectionTimeoutError"):
-    _CONNECT_ERRORS = (*_CONNECT_ERRORS, aiohttp.ConnectionTimeoutError)
-
-_JSON_HEADERS = {"Content-Type": "application/json"}
 _OVERFLOW_MARKERS = ("maximum context length", "context length", "too long", "max_model_len", "exceeds the model")
 
 
@@ -163,27 +164,22 @@ class Upstreams:
         if not urls:
             raise ValueError("at least one upstream URL is required")
         self.urls = [u.rstrip("/").removesuffix("/v1") for u in urls]
+        for u in self.urls:
+            Target.parse(u)  # a bad URL fails here, at start-up
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
-        self._http: aiohttp.ClientSession | None = None
-        # parsed once: aiohttp re-parses a str URL on every request
-        self._urls: dict[tuple[str, str], URL] = {}
-        self._timeouts: dict[float | None, aiohttp.ClientTimeout] = {}
+        self.http = HTTPClient()
+        self._targets: dict[tuple[str, str], Target] = {}  # parsed once per (endpoint, path)
 
-    def _url(self, base: str, path: str) -> URL:
-        url = self._urls.get((base, path))
-        if url is None:
-            url = self._urls[(base, path)] = URL(base + path)
-        return url
+    def _target(self, base: str, path: str) -> Target:
+        t = self._targets.get((base, path))
+        if t is None:
+            t = self._targets[(base, path)] = Target.parse(base + path)
+        return t
 
-    def bind(self, http: aiohttp.ClientSession) -> None:
-        self._http = http
-
-    @property
-    def http(self) -> aiohttp.ClientSession:
-        if self._http is None:
-            raise RuntimeError("engine used before the app bound its HTTP client")
-        return self._http
+    async def close(self) -> None:
+        """Close the pooled upstream connections (the app's shutdown)."""
+        await self.http.close()
 
     def order(self, route_key: str) -> list[str]:
         """Endpoints to try for a session: its home endpoint first (stable across processes), then the ring."""
@@ -193,37 +189,32 @@ class Upstreams:
         start = zlib.crc32(route_key.encode()) % n
         return self.urls[start:] + self.urls[:start]
 
-    def timeout(self, *, total_s: float | None = None) -> aiohttp.ClientTimeout:
-        t = self._timeouts.get(total_s)
-        if t is None:
-            t = self._timeouts[total_s] = aiohttp.ClientTimeout(
-                total=total_s,
-                connect=self.connect_timeout_s,
-                sock_connect=self.connect_timeout_s,
-                sock_read=self.read_timeout_s,
-            )
-        return t
-
     async def post(
         self, path: str, body: dict[str, Any], route_key: str, gen: Generation, *, total_s: float | None = None
-    ) -> aiohttp.ClientResponse:
+    ) -> UpstreamResponse:
         """POST to the session's endpoint (failing over only on connect errors); returns a 2xx response."""
         data = orjson.dumps(body)
-        timeout = self.timeout(total_s=total_s)
         last: BaseException | None = None
         for base in self.order(route_key):
             gen.sent_at = time.time()
             try:
-                resp = await self.http.post(self._url(base, path), data=data, headers=_JSON_HEADERS, timeout=timeout)
-            except _CONNECT_ERRORS as exc:
+                resp = await self.http.request(
+                    "POST",
+                    self._target(base, path),
+                    data,
+                    connect_timeout=self.connect_timeout_s,
+                    read_timeout=self.read_timeout_s,
+                    total_timeout=total_s,
+                )
+            except UpstreamConnectError as exc:
                 gen.attempts.append({"endpoint": base, "error": f"{type(exc).__name__}: {exc}"})
                 last = exc
                 continue
-            except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+            except UpstreamTimeout as exc:
                 raise UpstreamError(
                     504, "timeout", f"upstream timed out: {exc}", endpoint=base, retry_after_s=1
                 ) from exc
-            except aiohttp.ClientError as exc:
+            except UpstreamDisconnected as exc:
                 raise UpstreamError(
                     502, "api_error", f"upstream failed: {type(exc).__name__}: {exc}", endpoint=base, retry_after_s=1
                 ) from exc
@@ -232,10 +223,10 @@ class Upstreams:
             if resp.status >= 400:
                 try:
                     raw = await resp.read()
-                except (TimeoutError, aiohttp.ClientError):
+                except (UpstreamTimeout, UpstreamDisconnected):
                     raw = b""
                 finally:
-                    resp.release()
+                    resp.close()
                 raise upstream_error_from_response(resp.status, raw, base)
             return resp
         raise UpstreamError(
@@ -251,14 +242,14 @@ class Upstreams:
         resp = await self.post(path, body, route_key, gen, total_s=total_s)
         try:
             raw = await resp.read()
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+        except UpstreamTimeout as exc:
             raise UpstreamError(504, "timeout", "upstream timed out", endpoint=gen.endpoint, retry_after_s=1) from exc
-        except aiohttp.ClientError as exc:
+        except UpstreamDisconnected as exc:
             raise UpstreamError(
                 502, "api_error", f"upstream dropped the reply: {exc}", endpoint=gen.endpoint, retry_after_s=1
             ) from exc
         finally:
-            resp.release()
+            resp.close()
         gen.finished_at = time.time()
         try:
             out = orjson.loads(raw)
@@ -273,12 +264,30 @@ class Upstreams:
         last: BaseException | None = None
         for base in self.urls:
             try:
-                async with self.http.get(base + path, timeout=self.timeout(total_s=total_s)) as resp:
-                    if resp.status >= 400:
-                        raise upstream_error_from_response(resp.status, await resp.read(), base)
-                    return orjson.loads(await resp.read())
-            except _CONNECT_ERRORS as exc:
+                resp = await self.http.request(
+                    "GET", self._target(base, path), connect_timeout=self.connect_timeout_s, total_timeout=total_s
+                )
+            except UpstreamConnectError as exc:
                 last = exc
+                continue
+            except (UpstreamTimeout, UpstreamDisconnected) as exc:
+                raise UpstreamError(
+                    502, "api_error", f"upstream failed: {exc}", endpoint=base, retry_after_s=1
+                ) from exc
+            try:
+                raw = await resp.read()
+            except (UpstreamTimeout, UpstreamDisconnected) as exc:
+                raise UpstreamError(
+                    502, "api_error", f"upstream failed: {exc}", endpoint=base, retry_after_s=1
+                ) from exc
+            finally:
+                resp.close()
+            if resp.status >= 400:
+                raise upstream_error_from_response(resp.status, raw, base)
+            try:
+                return orjson.loads(raw)
+            except orjson.JSONDecodeError as exc:
+                raise UpstreamError(502, "api_error", "upstream sent invalid JSON", endpoint=base) from exc
         raise UpstreamError(503, "overloaded", f"no upstream endpoint reachable ({last})", retry_after_s=2)
 
 

@@ -17,11 +17,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import orjson
 
 from nemo_polar.proxy.engines.base import EngineCall, Generation, UpstreamError, Upstreams, check_alignment
 from nemo_polar.proxy.normalized import ChatResult, StreamEvent, ToolCall
+from nemo_polar.proxy.upstream_http import UpstreamDisconnected, UpstreamTimeout
 
 __all__ = ["VLLMEngine"]
 
@@ -125,21 +125,21 @@ class VLLMEngine:
         )
         acc = _StreamAccumulator(call.served_model)
         rest = b""
+        body = resp.chunks()
         try:
-            while not acc.done:
-                data = await resp.content.readany()
-                if not data:
-                    break
+            async for data in body:
                 lines = (rest + data if rest else data).split(b"\n")
                 rest = lines.pop()  # an incomplete line waits for the next read
                 events = self._feed_lines(acc, lines, gen)
                 if events:
                     yield events
-        except (TimeoutError, aiohttp.ServerTimeoutError) as exc:
+                if acc.done:
+                    break
+        except UpstreamTimeout as exc:
             raise UpstreamError(
                 504, "timeout", "upstream stream stalled", endpoint=gen.endpoint, retry_after_s=1
             ) from exc
-        except aiohttp.ClientError as exc:
+        except UpstreamDisconnected as exc:
             raise UpstreamError(
                 502,
                 "api_error",
@@ -148,7 +148,8 @@ class VLLMEngine:
                 retry_after_s=1,
             ) from exc
         finally:
-            resp.close()
+            await body.aclose()
+            resp.close()  # before the body's end this closes the connection, which aborts the generation upstream
         if not acc.done and rest.strip():  # a last line without its newline
             events = self._feed_lines(acc, [rest], gen)
             if events:
