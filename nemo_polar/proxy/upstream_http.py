@@ -30,6 +30,7 @@ import time
 import zlib
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
+from typing import cast
 from urllib.parse import urlsplit
 
 __all__ = [
@@ -110,8 +111,7 @@ class _Conn(asyncio.Protocol):
         self.paused = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports are not asyncio.Transport subclasses
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
