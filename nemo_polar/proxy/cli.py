@@ -64,7 +64,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
 
 def _run(args: argparse.Namespace) -> int:
     from nemo_polar.proxy.app import ProxyConfig, run
+    from nemo_polar.proxy.upstream_http import Target
 
+    for url in args.upstream:
+        try:
+            Target.parse(url)
+        except ValueError as exc:
+            print(f"polar proxy: --upstream {url}: {exc} (e.g. http://127.0.0.1:8000)", file=sys.stderr)
+            return 2
     sampling: dict[str, Any] = json.loads(args.sampling) if args.sampling else {}
     cfg = ProxyConfig(
         upstreams=args.upstream,

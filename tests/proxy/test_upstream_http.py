@@ -199,7 +199,7 @@ def test_read_timeout_and_total_deadline() -> None:
     async def main() -> None:
         async with Server(script) as srv:
             http = HTTPClient()
-            with pytest.raises(UpstreamTimeout, match="no bytes for 0.2 s"):
+            with pytest.raises(UpstreamTimeout, match=r"no bytes for 0\.2 s"):
                 await http.request("POST", srv.target(), b"{}", read_timeout=0.2)
             resp = None
             with pytest.raises(UpstreamTimeout, match="total deadline"):
@@ -228,7 +228,7 @@ def test_a_connection_cut_mid_body_is_a_disconnect_and_a_bad_status_line_too() -
             with pytest.raises(UpstreamDisconnected, match="mid-body"):
                 await resp.read()
             resp.close()
-            with pytest.raises(UpstreamDisconnected, match="status line|HTTP/1"):
+            with pytest.raises(UpstreamDisconnected, match=r"status line|HTTP/1"):
                 await http.request("POST", srv.target(), b"{}")
             assert http._open == 0
             await http.close()
@@ -318,3 +318,17 @@ def test_target_parsing() -> None:
     assert (t.host, t.port, t.tls, t.host_header) == ("::1", 8443, True, b"[::1]:8443")
     with pytest.raises(ValueError, match="scheme"):
         Target.parse("ftp://x/y")
+
+
+def test_polar_proxy_refuses_an_upstream_url_it_cannot_use(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-m", "nemo_polar.proxy.cli", "--upstream", "localhost:8000", "--store", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "--upstream localhost:8000" in out.stderr and "http://" in out.stderr
