@@ -338,6 +338,27 @@ class UpstreamResponse:
 
     release = close
 
+    async def drain(self, grace_s: float = 0.05) -> None:
+        """Discard the rest of the body for at most `grace_s`, then `close()`.
+
+        For a stream whose payload is complete (`[DONE]` seen) but whose framing is not (the terminating chunk
+        follows in another segment): waiting a moment for it lets the connection be reused instead of closed.
+        """
+        conn = self._conn
+        try:
+            if conn is not None and not self._done:
+                deadline = asyncio.get_running_loop().time() + grace_s
+                while not self._done and not conn.eof:
+                    self._take(conn)
+                    if not self._done:
+                        await self._client.wait(conn, None, deadline)
+                if not self._done:
+                    self._take(conn)
+        except UpstreamHTTPError:
+            pass
+        finally:
+            self.close()
+
 
 class HTTPClient:
     """Keep-alive HTTP/1.1 client for a handful of upstream hosts.

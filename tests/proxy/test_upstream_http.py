@@ -332,3 +332,40 @@ def test_polar_proxy_refuses_an_upstream_url_it_cannot_use(tmp_path) -> None:  #
     )
     assert out.returncode == 2
     assert "--upstream localhost:8000" in out.stderr and "http://" in out.stderr
+
+
+@pytest.mark.parametrize("terminator", ["late", "never"])
+def test_drain_waits_briefly_for_a_late_terminating_chunk(terminator: str) -> None:
+    """`[DONE]` arrives, the chunked body's terminator later (or never): drain reuses or closes, never hangs."""
+
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        w.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"e\r\ndata: [DONE]\n\n\r\n")
+        await w.drain()
+        if terminator == "late":
+            await asyncio.sleep(0.01)
+            w.write(b"0\r\n\r\n")
+        else:
+            try:
+                await asyncio.wait_for(r.read(1), 5)  # hold the connection open until the client goes away
+            except TimeoutError:
+                pass
+            w.close()
+
+    async def main() -> None:
+        async with Server(script) as srv:
+            http = HTTPClient()
+            for _ in range(2):
+                resp = await http.request("POST", srv.target(), b"{}")
+                body = resp.chunks()
+                assert await anext(body) == b"data: [DONE]\n\n"
+                t0 = asyncio.get_running_loop().time()
+                await resp.drain(grace_s=0.3)
+                assert asyncio.get_running_loop().time() - t0 < 2
+                await body.aclose()
+            if terminator == "late":
+                assert srv.connections == 1 and http._open == 1
+            else:
+                assert srv.connections == 2 and http._open == 0
+            await http.close()
+
+    run(main())

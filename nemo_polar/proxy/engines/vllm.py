@@ -135,6 +135,10 @@ class VLLMEngine:
                     yield events
                 if acc.done:
                     break
+            if acc.done:
+                await (
+                    resp.drain()
+                )  # the body's terminating chunk may follow `[DONE]`: wait a moment, reuse the connection
         except UpstreamTimeout as exc:
             raise UpstreamError(
                 504, "timeout", "upstream stream stalled", endpoint=gen.endpoint, retry_after_s=1
