@@ -135,10 +135,8 @@ class VLLMEngine:
                     yield events
                 if acc.done:
                     break
-            if acc.done:
-                await (
-                    resp.drain()
-                )  # the body's terminating chunk may follow `[DONE]`: wait a moment, reuse the connection
+            if acc.done:  # the body's terminating chunk may follow `[DONE]`: wait a moment, reuse the connection
+                await resp.drain()
         except UpstreamTimeout as exc:
             raise UpstreamError(
                 504, "timeout", "upstream stream stalled", endpoint=gen.endpoint, retry_after_s=1
