@@ -10,7 +10,8 @@ harness continue live. The task's evaluator scores τ′; `calibrate` turns R(τ
 
 With `records_of` (e.g. the hosted proxy's `records`) the runner also reads τ′'s records: the substituted action
 and its token ids for DPO pairs, whether the replayed prompts equal the recorded ones token for token
-(`metadata["replay_prompts_equal"]`; prompts that name a session-specific path, such as a workdir, cannot), and a
+(`metadata["replay_prompts_equal"]`; a sandboxed runtime shows every session its workdir at one fixed path, so
+prompts naming it replay too; with `isolation: none` they name the session's own directory and cannot), and a
 `next_best` whose every sample repeated the recorded action (that run is refused: there was no alternative).
 Without it the token ids come from τ′'s trajectory spans and the action is unknown.
 

@@ -52,9 +52,19 @@ class ExecResult:
 
 @runtime_checkable
 class Runtime(Protocol):
+    """One session's runtime. `workdir` / `home` are host paths (setup, git bookkeeping, evaluators' file reads);
+    `agent_workdir` / `agent_home` are the same directories as the commands run by `exec` see them (a sandbox mounts
+    them at fixed paths), which is what goes into a harness's configuration and command line."""
+
     session_id: str
     workdir: Path
     home: Path
+
+    @property
+    def agent_workdir(self) -> str: ...
+
+    @property
+    def agent_home(self) -> str: ...
 
     async def exec(
         self,
@@ -99,6 +109,14 @@ class LocalRuntime:
         self._groups: set[int] = set()
         self._base_sha: str | None = None
 
+    @property
+    def agent_workdir(self) -> str:
+        return str(self.workdir)
+
+    @property
+    def agent_home(self) -> str:
+        return str(self.home)
+
     @classmethod
     async def create(cls, session_id: str, spec: RuntimeSpec, root: Path) -> LocalRuntime:
         rt = cls(session_id, root, spec)
@@ -135,7 +153,7 @@ class LocalRuntime:
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
         env = {
             "PATH": path,
-            "HOME": str(self.home),
+            "HOME": self.agent_home,
             "TMPDIR": str(self.tmp),
             "LANG": "C.UTF-8",
             "LC_ALL": "C.UTF-8",
@@ -281,7 +299,9 @@ class SandboxRuntime(LocalRuntime):
     read-only system, private HOME / tmp, writable workdir, and a network namespace whose only route out is the
     proxy's loopback port. The directory holding `root` (with the session's other runtimes) and `hidden` (the
     gateway's run directory: other sessions, the record store) are empty inside. The git bookkeeping (baseline,
-    diff) stays on the host."""
+    diff) stays on the host. Inside, the HOME and workdir are at the fixed `AGENT_HOME` / `AGENT_WORKDIR`
+    (`/home/agent`, `/home/agent/workspace`), so prompts naming the working directory are identical across sessions,
+    samples and machines (prefix-cache sharing within a GRPO group, token-exact counterfactual replays)."""
 
     def __init__(self, session_id: str, root: Path, spec: RuntimeSpec, proxy_port: int, hidden: Sequence[Path] = ()):
         super().__init__(session_id, root, spec)
@@ -289,6 +309,18 @@ class SandboxRuntime(LocalRuntime):
         parent = self.root.parent
         self.hidden = tuple(dict.fromkeys([*([parent] if parent != parent.parent else []), *hidden]))
         self._sandbox: Any = None
+
+    @property
+    def agent_workdir(self) -> str:
+        from nemo_polar.runtime.sandbox import AGENT_WORKDIR
+
+        return AGENT_WORKDIR
+
+    @property
+    def agent_home(self) -> str:
+        from nemo_polar.runtime.sandbox import AGENT_HOME
+
+        return AGENT_HOME
 
     @classmethod
     async def create_sandboxed(
@@ -300,7 +332,14 @@ class SandboxRuntime(LocalRuntime):
         try:
             await asyncio.to_thread(rt._populate)
             await rt._baseline()
-            sb_spec = SandboxSpec(workdir=rt.workdir, home=rt.home, proxy_port=proxy_port, hidden=rt.hidden)
+            sb_spec = SandboxSpec(
+                workdir=rt.workdir,
+                home=rt.home,
+                proxy_port=proxy_port,
+                hidden=rt.hidden,
+                workdir_at=rt.agent_workdir,
+                home_at=rt.agent_home,
+            )
             rt._sandbox = Sandbox(sb_spec)
             await rt._sandbox.__aenter__()
         except SandboxError as exc:

@@ -225,14 +225,13 @@ class SessionWork:
                 run_s = run_s[job.sample_index % len(run_s)]
             job.session_dir.mkdir(parents=True, exist_ok=True)
             (job.session_dir / "plan.json").write_bytes(orjson.dumps(plan or {"steps": []}))
-            plan_path = rt.home / "polar-plan.json"  # the run directory is hidden from a sandboxed runtime
-            plan_path.write_bytes(orjson.dumps(plan or {"steps": []}))
+            (rt.home / "polar-plan.json").write_bytes(orjson.dumps(plan or {"steps": []}))  # the run dir is hidden
             argv = [
                 sys.executable,
                 "-m",
                 "nemo_polar.rollout.simulation",
                 "--plan",
-                str(plan_path),
+                f"{rt.agent_home}/polar-plan.json",
                 "--run-s",
                 str(float(run_s)),
                 "--exit-code",
@@ -250,8 +249,8 @@ class SessionWork:
             base_url=self.proxy.base_url,
             api_key="",
             model=agent.model or self.model,
-            workdir=str(rt.workdir),
-            home=str(rt.home),
+            workdir=rt.agent_workdir,
+            home=rt.agent_home,
             install_dir=str(inst) if inst is not None and inst.exists() else None,
             command_line=agent.options.get("command_line"),
             max_turns=agent.options.get("max_turns"),

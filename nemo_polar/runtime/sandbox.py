@@ -34,7 +34,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Sandbox", "SandboxError", "SandboxResult", "SandboxSpec", "bwrap_available", "host_cache_root"]
+__all__ = [
+    "AGENT_HOME",
+    "AGENT_WORKDIR",
+    "Sandbox",
+    "SandboxError",
+    "SandboxResult",
+    "SandboxSpec",
+    "bwrap_available",
+    "host_cache_root",
+]
+
+# where a rollout session's HOME and workdir appear inside its sandbox: the same for every session and machine
+AGENT_HOME = "/home/agent"
+AGENT_WORKDIR = "/home/agent/workspace"
+_INNER_ROOTS = ("/home", "/tmp")  # tmpfs mounts made here, so mount points for the paths above can be created
 
 RELAY_SCRIPT = Path(__file__).with_name("relay.py")
 DEFAULT_PATH = "/usr/local/bin:/usr/bin:/bin"
@@ -62,7 +76,10 @@ def host_cache_root() -> Path:
 class SandboxSpec:
     """What one sandboxed run may see.
 
-    workdir / home: host directories, bind-mounted read-write at the same paths.
+    workdir / home: host directories, bind-mounted read-write (at the same paths unless `workdir_at` / `home_at`).
+    workdir_at / home_at: where they appear inside instead, e.g. `AGENT_WORKDIR` / `AGENT_HOME` (fixed paths, so
+        prompts that name the working directory are the same for every session of a task; no host path leaks into
+        training data). Must be under `/home` (then all of `/home` is replaced by an empty tmpfs) or `/tmp`.
     proxy_port: the host-side proxy's port on `proxy_host`; inside, the relay listens on 127.0.0.1:proxy_port.
     ro_binds / rw_binds: extra host paths to expose (same path inside), e.g. a harness install dir elsewhere.
     hide_host_home: put a tmpfs over the host user's home (the cache and Python stay visible read-only).
@@ -78,6 +95,16 @@ class SandboxSpec:
     rw_binds: tuple[Path, ...] = ()
     hide_host_home: bool = True
     hidden: tuple[Path, ...] = ()
+    workdir_at: str | None = None
+    home_at: str | None = None
+
+    @property
+    def inner_workdir(self) -> str:
+        return self.workdir_at or str(self.workdir)
+
+    @property
+    def inner_home(self) -> str:
+        return self.home_at or str(self.home)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,7 +191,14 @@ class Sandbox:
     def __init__(self, spec: SandboxSpec):
         if any(os.path.realpath(p) == "/" for p in spec.hidden):
             raise SandboxError("the root directory cannot be hidden")
+        for inner in (spec.workdir_at, spec.home_at):
+            if inner is not None and (
+                not any(inner.startswith(r + "/") for r in _INNER_ROOTS) or os.path.normpath(inner) != inner
+            ):
+                raise SandboxError(f"in-sandbox path {inner!r} must be a normalised path under /home or /tmp")
         self.spec = spec
+        if "/home" in self._inner_roots() and not os.path.isdir("/home"):
+            raise SandboxError("this host has no /home to mount the agent's home under: use a path under /tmp")
         self._bwrap = bwrap_available()
         self._ctl: Path | None = None
         self._server: asyncio.Server | None = None
@@ -191,6 +225,10 @@ class Sandbox:
         await asyncio.gather(*self._conns, return_exceptions=True)
         if self._ctl is not None:
             shutil.rmtree(self._ctl, ignore_errors=True)
+
+    def _inner_roots(self) -> list[str]:
+        inner = [p for p in (self.spec.workdir_at, self.spec.home_at) if p]
+        return [r for r in _INNER_ROOTS if any(p.startswith(r + "/") for p in inner)]
 
     async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
@@ -221,6 +259,8 @@ class Sandbox:
         out += ["--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"]
         out += ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp"]
         masks = [str(Path.home())] if spec.hide_host_home else []
+        masks += [r for r in self._inner_roots() if r != "/tmp"]  # /home: other users' homes go too
+        masks = list(dict.fromkeys(masks))
         # hidden dirs at their real paths (a mount follows links); one that does not exist hides nothing
         hidden_dirs = [os.path.realpath(h) for h in dict.fromkeys(spec.hidden) if os.path.isdir(h)]
         # keep what runs the harness visible even where it lives under the hidden home or the fresh /tmp (a checkout
@@ -248,8 +288,10 @@ class Sandbox:
         mounts += [(h, 2, ["--tmpfs", h]) for h in hidden_dirs]
         for _, _, args in sorted(mounts, key=lambda m: (len(Path(m[0]).parts), m[1])):
             out += args
-        for p in dict.fromkeys([*spec.rw_binds, spec.home, spec.workdir]):
+        for p in dict.fromkeys(spec.rw_binds):
             out += ["--bind", str(p), str(p)]
+        out += ["--bind", str(spec.home), spec.inner_home]  # the home first: the workdir may be mounted inside it
+        out += ["--bind", str(spec.workdir), spec.inner_workdir]
         trace = str(self._ctl / "connect.jsonl")
         out += ["--ro-bind", str(self._ctl), str(self._ctl), "--bind", trace, trace]
         for h in hidden_dirs:  # only the tmpfs itself: what was bound under it keeps its own mode
@@ -258,7 +300,7 @@ class Sandbox:
         merged = {"PATH": DEFAULT_PATH, **env}
         for k, v in merged.items():
             out += ["--setenv", k, v]
-        out += ["--chdir", str(spec.workdir), "--"]
+        out += ["--chdir", spec.inner_workdir, "--"]
         relay = [sys.executable, "-I", str(RELAY_SCRIPT), "--port", str(spec.proxy_port)]
         relay += ["--unix", str(self._ctl / "relay.sock"), "--trace", str(self._ctl / "connect.jsonl"), "--"]
         return out + relay + list(argv)

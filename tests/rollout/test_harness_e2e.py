@@ -11,6 +11,7 @@ nothing about what a model produced: forced plan steps decide the session either
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from nemo_polar.harness_adapters.install import status as install_status
 
 from nemo_polar.rollout import PolarClient, TaskSpec
 from nemo_polar.rollout.proxylink import HostedProxy
+from nemo_polar.runtime.sandbox import AGENT_WORKDIR
 from nemo_polar.types import SessionResult
 
 from .helpers import CallbackReceiver, example_task, serve, start_gateway, start_server
@@ -34,10 +36,15 @@ SAMPLING = {"max_tokens": 64, "temperature": 0.0}
 
 
 async def _run_stack(
-    upstream: dict[str, Any], tmp_path: Path, task: TaskSpec, receiver: CallbackReceiver | None = None
+    upstream: dict[str, Any],
+    tmp_path: Path,
+    task: TaskSpec,
+    receiver: CallbackReceiver | None = None,
+    prompts: dict[str, str] | None = None,
 ) -> list[SessionResult]:
     """Fake or real upstream → hosted proxy → gateway → rollout server; submit `task`, collect its results (and, with
-    a callback `receiver`, wait until every result was delivered to it)."""
+    a callback `receiver`, wait until every result was delivered to it; with `prompts`, each session's recorded
+    requests as JSON text)."""
     from nemo_polar.proxy.app import ProxyConfig
     from nemo_polar.proxy.fake_upstream import FakeUpstream
 
@@ -69,6 +76,8 @@ async def _run_stack(
                 ):
                     break
                 await asyncio.sleep(0.1)
+            for r in results if prompts is not None else ():
+                prompts[r.session_id] = json.dumps([rec.request for rec in await proxy.records(r.session_id)])
             return results
     finally:
         await gw.close()
@@ -100,7 +109,8 @@ def test_fix_plan_scores_one_and_noop_zero_with_a_real_harness(
         timeout_s=600,
     )
     receiver = CallbackReceiver(drop_first_ack=True)
-    results = asyncio.run(_run_stack(upstream, tmp_path, task, receiver))
+    prompts: dict[str, str] = {}
+    results = asyncio.run(_run_stack(upstream, tmp_path, task, receiver, prompts))
     by = {r.sample_index: r for r in results}
     assert sorted(by) == [0, 1]
     # the receiver dropped each first acknowledgement: two deliveries per idempotency key, each applied once
@@ -110,6 +120,12 @@ def test_fix_plan_scores_one_and_noop_zero_with_a_real_harness(
         assert r.status == "COMPLETED", r.metadata
         assert r.record_ids, "the harness's model calls were recorded"
         assert r.metadata["agent_exit_code"] == 0
+    # the sandbox mounts each session's workdir at one fixed path: the prompts name no host directory
+    assert sorted(prompts) == sorted(r.session_id for r in results)
+    for text in prompts.values():
+        assert str(tmp_path) not in text
+    if harness == "codex":  # its environment context names the working directory
+        assert all(f"<cwd>{AGENT_WORKDIR}</cwd>" in text for text in prompts.values())
     assert by[0].reward == 1.0, by[0].eval
     assert by[1].reward == 0.0 and by[1].eval is not None and by[1].eval.details == {"empty_patch": True}
     if upstream["kind"] == "vllm":

@@ -28,7 +28,7 @@ import pytest
 from nemo_polar.rollout.runtime import Runtime, SandboxRuntime
 from nemo_polar.rollout.spec import TaskSpec
 from nemo_polar.rollout.stages import Job, SessionWork
-from nemo_polar.runtime.sandbox import bwrap_available, host_cache_root
+from nemo_polar.runtime.sandbox import AGENT_HOME, AGENT_WORKDIR, bwrap_available, host_cache_root
 
 pytestmark = pytest.mark.skipif(
     bwrap_available() is None, reason="bubblewrap is not installed (make test installs Debian `bubblewrap`)"
@@ -172,6 +172,12 @@ print(json.dumps(out))
 """
 
 
+WHERE_PROBE = """
+import json, os
+print(json.dumps({"cwd": os.getcwd(), "home": os.environ["HOME"], "homes": sorted(os.listdir("/home"))}))
+"""
+
+
 def test_reading_another_sessions_workdir_fails(run_root: Path) -> None:
     async def make() -> tuple[Runtime, Runtime]:
         return await _two_sessions(run_root)
@@ -181,8 +187,13 @@ def test_reading_another_sessions_workdir_fails(run_root: Path) -> None:
         secret = f"secret-of-s2-{secrets.token_hex(8)}"
         asyncio.run(rt2.write_file("secret.txt", secret))
         (run_root / "gw" / "records.sqlite").write_text("stands in for the gateway's record store")
+        # inside, each session's workdir and HOME are at the same fixed paths; on the host they are under the run dir
+        assert (
+            (rt1.agent_workdir, rt1.agent_home) == (rt2.agent_workdir, rt2.agent_home) == (AGENT_WORKDIR, AGENT_HOME)
+        )
         paths = {
-            "own_file": str(rt1.workdir / "stats.py"),
+            "own_file": f"{rt1.agent_workdir}/stats.py",
+            "own_host_workdir": str(rt1.workdir),
             "other_file": str(rt2.workdir / "secret.txt"),
             "other_workdir": str(rt2.workdir),
             "other_home": str(rt2.home),
@@ -190,16 +201,18 @@ def test_reading_another_sessions_workdir_fails(run_root: Path) -> None:
             "record_store": str(run_root / "gw" / "records.sqlite"),
         }
         # positive control: the other session reads its own file through the same probe, and so does the host
-        assert _probe(rt2, READ_PROBE, json.dumps({"file": paths["other_file"]})) == {"file": secret}
+        assert _probe(rt2, READ_PROBE, json.dumps({"file": f"{rt2.agent_workdir}/secret.txt"})) == {"file": secret}
         assert Path(paths["other_file"]).read_text() == secret
         assert (rt1.workdir / "stats.py").is_file()
 
         out = _probe(rt1, READ_PROBE, json.dumps(paths))
         assert out["own_file"] == (rt1.workdir / "stats.py").read_text()
-        for name in ("other_file", "other_workdir", "other_home", "record_store"):
+        for name in ("other_file", "other_workdir", "other_home", "record_store", "own_host_workdir"):
             assert out[name] == "FileNotFoundError", (name, out[name])
-        assert out["runtimes"] == ["s1"]  # only the mount point of its own runtime: s2 does not exist in there
+        assert out["runtimes"] == ["s1"]  # only the (empty) mount point hiding its own runtime's directory
         assert secret not in json.dumps(out)
+        where = _probe(rt1, WHERE_PROBE)
+        assert where == {"cwd": AGENT_WORKDIR, "home": AGENT_HOME, "homes": ["agent"]}  # no other user's home either
     finally:
         asyncio.run(rt1.destroy())
         asyncio.run(rt2.destroy())
