@@ -73,7 +73,9 @@ def _task() -> TaskSpec:
             "task_id": "cf-median",
             "instruction": EX.problem_statement,
             "num_samples": 2,
-            "runtime": {"isolation": "none", "source": "example:median"},
+            # sandboxed: every session sees its workdir at the same fixed path, so replayed tool calls that name
+            # files by absolute path act on the counterfactual session's own copy
+            "runtime": {"isolation": "sandbox", "source": "example:median"},
             "agent": {
                 "harness": "shell",
                 "timeout_s": 300,
