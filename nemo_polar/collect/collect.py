@@ -284,6 +284,10 @@ async def _serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
 ResultHook = Callable[[SessionResult, int], None]
 
 
+class _Stopped(Exception):
+    """Ctrl-C / SIGTERM was seen: the run stops, resumable."""
+
+
 async def _run_service(
     tasks: Sequence[TaskSpec],
     opts: CollectOptions,
@@ -291,6 +295,7 @@ async def _run_service(
     done: set[str],
     on_result: ResultHook,
     on_stages: Callable[[dict[str, int]], None] | None,
+    stop: asyncio.Event,
 ) -> list[SessionResult]:
     from nemo_polar.rollout.gateway import Gateway, GatewayConfig
     from nemo_polar.rollout.proxylink import HostedProxy
@@ -357,19 +362,24 @@ async def _run_service(
                     on_result(res, gen)
 
             consumers: asyncio.Future[Any] = asyncio.ensure_future(asyncio.gather(*(consume(t) for t in tasks)))
-            if upstream is None:
-                await consumers
-            else:  # a dead model server would turn every remaining session into junk: stop, resumable
-                guard: asyncio.Future[Any] = asyncio.create_task(_upstream_guard(upstream.url))
-                try:
-                    done_first, _ = await asyncio.wait({consumers, guard}, return_when=asyncio.FIRST_COMPLETED)
-                finally:
-                    consumers.cancel()
-                    guard.cancel()
-                    await asyncio.gather(consumers, guard, return_exceptions=True)
-                if guard in done_first:
-                    guard.result()  # the guard only ever ends by raising CollectError
-                consumers.result()
+            # the run ends when every result is in, when a signal asks (the stop event: a cancellation alone can be
+            # lost in a library's timeout handling), or when the model server dies (it would turn every remaining
+            # session into junk): the last two leave it resumable
+            stopper: asyncio.Future[Any] = asyncio.create_task(stop.wait())
+            waits = {consumers, stopper}
+            if upstream is not None:
+                waits.add(asyncio.create_task(_upstream_guard(upstream.url)))
+            try:
+                done_first, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waits:
+                    w.cancel()
+                await asyncio.gather(*waits, return_exceptions=True)
+            if stopper in done_first:
+                raise _Stopped()
+            for w in done_first - {consumers}:
+                w.result()  # the guard only ever ends by raising CollectError
+            consumers.result()
     finally:
         if watcher is not None:
             watcher.cancel()
@@ -425,18 +435,28 @@ async def _main(
     done: set[str],
     on_result: ResultHook,
     on_stages: Callable[[dict[str, int]], None] | None,
+    stop: asyncio.Event,
 ) -> list[SessionResult]:
-    # SIGTERM ends the run like Ctrl-C does: cancel, kill the agents, close the stores; re-run to resume
+    # Ctrl-C and SIGTERM end the run: cancel (whatever is being awaited) and set the stop event (checked by the
+    # main wait even if a cancellation is swallowed somewhere), kill the agents, close the stores; re-run to resume
     me = asyncio.current_task()
     loop = asyncio.get_running_loop()
-    if me is not None:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.add_signal_handler(signal.SIGTERM, me.cancel)
+
+    def on_signal() -> None:
+        stop.set()
+        if me is not None:
+            me.cancel()
+
+    installed = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+            loop.add_signal_handler(sig, on_signal)
+            installed.append(sig)
     try:
-        return await _run_service(tasks, opts, upstream, done, on_result, on_stages)
+        return await _run_service(tasks, opts, upstream, done, on_result, on_stages, stop)
     finally:
-        with contextlib.suppress(NotImplementedError, RuntimeError):
-            loop.remove_signal_handler(signal.SIGTERM)
+        for sig in installed:
+            loop.remove_signal_handler(sig)
 
 
 def collect(
@@ -467,7 +487,17 @@ def collect(
 
         def run(up: Upstream | None) -> list[SessionResult]:
             report.upstream = up
-            return asyncio.run(_main(tasks, opts, up, done, on_result or (lambda r, g: None), on_stages))
+
+            async def main() -> list[SessionResult]:
+                return await _main(tasks, opts, up, done, on_result or (lambda r, g: None), on_stages, stop)
+
+            stop = asyncio.Event()
+            try:
+                return asyncio.run(main())
+            except (asyncio.CancelledError, _Stopped):
+                if stop.is_set():  # a signal: the caller sees the usual Ctrl-C
+                    raise KeyboardInterrupt from None
+                raise
 
         if opts.upstream is not None or not needs_model:
             report.new = run(opts.upstream)
