@@ -8,6 +8,7 @@ Where things live:
     sessions.py      sessions, per-session keys, plans, classifiers
     store.py         SQLite-WAL record store with batched durable commits
     engines/         vLLM and SGLang engines; sticky routing and failover (`engines/base.py`)
+    upstream_http.py the lean keep-alive HTTP/1.1 client the engines talk to the inference servers with
     plans.py         forced / replayed plan steps; Hermes tool-call rendering and parsing
     prefix.py        prefix-preserving generation against stock vLLM (splicing the chain tip)
     normalized.py    the dialect/engine contract (ChatRequest, ChatResult, StreamEvent, ProviderError)
