@@ -369,3 +369,27 @@ def test_drain_waits_briefly_for_a_late_terminating_chunk(terminator: str) -> No
             await http.close()
 
     run(main())
+
+
+def test_upstreams_serve_again_after_close_in_a_new_event_loop() -> None:
+    """The proxy's app can stop and start again (another event loop): `Upstreams.close()` leaves a fresh pool."""
+    from nemo_polar.backend.server import free_port
+    from nemo_polar.proxy.engines.base import Generation, Upstreams
+
+    port = free_port()
+    ups = Upstreams([f"http://127.0.0.1:{port}"])
+
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter, s: Server) -> None:
+        await _answer(w, _ok(b'{"ok": %d}' % len(s.requests)))
+
+    async def one_app_run() -> None:
+        srv = await asyncio.start_server(Server(script)._serve, "127.0.0.1", port)
+        try:
+            for i in range(2):
+                assert await ups.post_json("/v1/x", {}, "s", Generation()) == {"ok": i + 1}
+            await ups.close()
+        finally:
+            srv.close()
+
+    for _ in range(2):  # each run is its own event loop, as two starts of the app are
+        asyncio.run(one_app_run())

@@ -178,8 +178,10 @@ class Upstreams:
         return t
 
     async def close(self) -> None:
-        """Close the pooled upstream connections (the app's shutdown)."""
-        await self.http.close()
+        """Close the pooled upstream connections (the app's shutdown); a later start gets a fresh pool (its
+        connections belong to the event loop that made them)."""
+        old, self.http = self.http, HTTPClient()
+        await old.close()
 
     def order(self, route_key: str) -> list[str]:
         """Endpoints to try for a session: its home endpoint first (stable across processes), then the ring."""
