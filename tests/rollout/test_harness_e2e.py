@@ -27,9 +27,9 @@ from nemo_polar.types import SessionResult
 from .helpers import CallbackReceiver, example_task, serve, start_gateway, start_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
-# Codex (OpenAI Responses) and Qwen Code (OpenAI Chat); Claude Code currently stops at the proxy with
-# "messages[1].role: must be 'user' or 'assistant', got 'system'" (reported to the proxy owners).
-HARNESSES = ("codex", "qwen_code", "mini_swe_agent")
+# every real CLI, in the sandbox that shows each its workdir at the fixed in-sandbox path: OpenAI Responses (Codex),
+# OpenAI Chat (Qwen Code, mini-swe-agent, OpenCode), Anthropic Messages (Claude Code), Google (Gemini CLI), Pi
+HARNESSES = ("codex", "qwen_code", "mini_swe_agent", "claude_code", "gemini_cli", "opencode", "pi")
 # live calls (side calls such as Qwen Code's next-speaker check) on a random-weight model are noise: keep them short,
 # as a training recipe caps them too
 SAMPLING = {"max_tokens": 64, "temperature": 0.0}
