@@ -55,9 +55,10 @@ def make_context(
     )
 
 
-def write_home(adapter: HarnessAdapter, ctx: HarnessContext) -> list[Path]:
-    """Write the adapter's files under `ctx.home`; returns their paths."""
-    home = Path(ctx.home)
+def write_home(adapter: HarnessAdapter, ctx: HarnessContext, host_home: Path | None = None) -> list[Path]:
+    """Write the adapter's files under `host_home` (default `ctx.home`: the sandbox shows it at the same path);
+    returns their paths."""
+    home = host_home or Path(ctx.home)
     written = []
     for rel, text in adapter.prepare(ctx).items():
         path = (home / rel).resolve()
@@ -93,13 +94,25 @@ async def run_harness(
     timeout_s: float,
     out_dir: Path | None = None,
     extra_env: Mapping[str, str] | None = None,
+    host_workdir: Path | None = None,
+    host_home: Path | None = None,
 ) -> SandboxResult:
-    """Run the adapter's CLI on `instruction` in a fresh sandbox; the proxy is `ctx.base_url`'s loopback port."""
+    """Run the adapter's CLI on `instruction` in a fresh sandbox; the proxy is `ctx.base_url`'s loopback port.
+
+    `ctx.workdir` / `ctx.home` are the paths the CLI sees. With `host_workdir` / `host_home` they are in-sandbox
+    paths (e.g. `AGENT_WORKDIR` / `AGENT_HOME`) at which those host directories are mounted; without, the host
+    directories are shown at their own paths."""
     url = urlsplit(ctx.base_url)
     if url.hostname != "127.0.0.1" or url.port is None:
         raise ValueError(f"the proxy must be on 127.0.0.1 with an explicit port, got {ctx.base_url!r}")
-    write_home(adapter, ctx)
-    spec = SandboxSpec(workdir=Path(ctx.workdir), home=Path(ctx.home), proxy_port=url.port)
+    write_home(adapter, ctx, host_home)
+    spec = SandboxSpec(
+        workdir=host_workdir or Path(ctx.workdir),
+        home=host_home or Path(ctx.home),
+        proxy_port=url.port,
+        workdir_at=ctx.workdir if host_workdir else None,
+        home_at=ctx.home if host_home else None,
+    )
     stdout_path, stderr_path = _log_paths(out_dir)
     async with Sandbox(spec) as sandbox:
         return await sandbox.run(

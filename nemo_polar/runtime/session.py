@@ -24,6 +24,7 @@ from aiohttp import web
 from nemo_polar.harness_adapters import HarnessAdapter, get_adapter, resolve_plan
 from nemo_polar.proxy.app import Proxy, ProxyConfig
 from nemo_polar.runtime.harness import make_context, run_harness
+from nemo_polar.runtime.sandbox import AGENT_HOME, AGENT_WORKDIR
 from nemo_polar.trajectory.export import traces_to_jsonl
 from nemo_polar.trajectory.registry import build
 
@@ -84,7 +85,13 @@ async def run_session(
         await site.start()
         port = runner.addresses[0][1]
         proxy.base_url = f"http://127.0.0.1:{port}"
-        ctx_args: dict[str, Any] = {"model": model, "workdir": workdir, "home": home, "provider_api": provider_api}
+        # the CLI sees its workdir and HOME at the sandbox's fixed paths (prompts name no host directory)
+        ctx_args: dict[str, Any] = {
+            "model": model,
+            "workdir": Path(AGENT_WORKDIR),
+            "home": Path(AGENT_HOME),
+            "provider_api": provider_api,
+        }
         probe = make_context(adapter, base_url=proxy.base_url, api_key="-", **ctx_args)
         resolved = resolve_plan(plan, adapter, probe) if plan else None
         session = await proxy.create_session(
@@ -95,7 +102,9 @@ async def run_session(
         )
         ctx = make_context(adapter, base_url=proxy.base_url, api_key=session.api_key, **ctx_args)
         started = time.time()
-        result = await run_harness(adapter, ctx, instruction, timeout_s=timeout_s, out_dir=sdir)
+        result = await run_harness(
+            adapter, ctx, instruction, timeout_s=timeout_s, out_dir=sdir, host_workdir=workdir, host_home=home
+        )
         duration_s = time.time() - started
         records = sorted(proxy.store.list_records(session_id, limit=1_000_000), key=lambda r: r.seq)
     finally:
