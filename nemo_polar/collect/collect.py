@@ -487,13 +487,9 @@ def collect(
 
         def run(up: Upstream | None) -> list[SessionResult]:
             report.upstream = up
-
-            async def main() -> list[SessionResult]:
-                return await _main(tasks, opts, up, done, on_result or (lambda r, g: None), on_stages, stop)
-
             stop = asyncio.Event()
             try:
-                return asyncio.run(main())
+                return asyncio.run(_main(tasks, opts, up, done, on_result or (lambda r, g: None), on_stages, stop))
             except (asyncio.CancelledError, _Stopped):
                 if stop.is_set():  # a signal: the caller sees the usual Ctrl-C
                     raise KeyboardInterrupt from None

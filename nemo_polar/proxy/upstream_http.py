@@ -336,8 +336,6 @@ class UpstreamResponse:
             conn.abort()
         self._finish()  # a connection not fully read is discarded, not pooled
 
-    release = close
-
     async def drain(self, grace_s: float = 0.05) -> None:
         """Discard the rest of the body for at most `grace_s`, then `close()`.
 

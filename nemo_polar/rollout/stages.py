@@ -240,6 +240,7 @@ class SessionWork:
             return argv, {}
         from nemo_polar.harness_adapters import HarnessContext, get_adapter, resolve_plan
         from nemo_polar.harness_adapters.install import install_dir
+        from nemo_polar.runtime.harness import write_home
 
         if self.proxy is None:
             raise RuntimeError(f"harness {agent.harness!r} needs a model proxy; this gateway has no upstream")
@@ -272,10 +273,7 @@ class SessionWork:
         )
         job.proxy_session = session.session_id
         ctx = replace(ctx, api_key=session.api_key, base_url=session.base_url)
-        for rel, text in adapter.prepare(ctx).items():
-            path = rt.home / rel
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(text)
+        write_home(adapter, ctx, rt.home)  # written on the host; the CLI sees them under ctx.home
         env = adapter.env(ctx)
         for var in adapter.env_unset:
             env.pop(var, None)

@@ -265,10 +265,12 @@ class Upstreams:
         """GET from the first reachable endpoint (used for `/v1/models`)."""
         last: BaseException | None = None
         for base in self.urls:
+            resp: UpstreamResponse | None = None
             try:
                 resp = await self.http.request(
                     "GET", self._target(base, path), connect_timeout=self.connect_timeout_s, total_timeout=total_s
                 )
+                raw = await resp.read()
             except UpstreamConnectError as exc:
                 last = exc
                 continue
@@ -276,14 +278,9 @@ class Upstreams:
                 raise UpstreamError(
                     502, "api_error", f"upstream failed: {exc}", endpoint=base, retry_after_s=1
                 ) from exc
-            try:
-                raw = await resp.read()
-            except (UpstreamTimeout, UpstreamDisconnected) as exc:
-                raise UpstreamError(
-                    502, "api_error", f"upstream failed: {exc}", endpoint=base, retry_after_s=1
-                ) from exc
             finally:
-                resp.close()
+                if resp is not None:
+                    resp.close()
             if resp.status >= 400:
                 raise upstream_error_from_response(resp.status, raw, base)
             try:
