@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Suite-wide pytest configuration.
 
-- Loads the shared fixture plugins (the embedded vLLM backend, …) when they exist.
+- Loads the shared fixture plugins (the embedded vLLM backend).
 - Under `CI=true`, a skipped test fails the run unless its reason matches the allow-list of DESIGN §10
   (things that cannot exist on this machine: docker, apptainer, nemo_rl, sglang, gpu). Everything else the
   suite needs is installed by `make test`, so a skip there means a missing set-up step.
@@ -9,13 +9,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 
 import pytest
 
-pytest_plugins = [p for p in ("tests.fixtures_backend", "tests.fixtures_proxy") if importlib.util.find_spec(p)]
+# Each plugin named here must exist (tests/test_conftest.py checks it): a missing one is an error, never skipped.
+pytest_plugins = ["tests.fixtures_backend"]
 
 # Tests of acceptance items that are known not to pass yet on this machine, each tied to its open issue.
 # `make test` deselects them (they are reported, never counted as passing); `POLAR_RUN_PENDING=1` runs them.
