@@ -79,6 +79,7 @@ class ProxyConfig:
     max_body_bytes: int = 32 * 1024 * 1024
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 600.0
+    routing: str = "sticky"  # "sticky" (a session stays on one upstream) | "round_robin" (engines/base.py)
     pause_wait_s: float = 600.0
     fsync: bool = False
     prefix_preserving: str | None = None  # None | "splice" (stock vLLM) | "nemo_rl" (required_prefix_token_ids)
@@ -102,7 +103,10 @@ class Proxy:
         self.store = RecordStore(config.store_dir, fsync=config.fsync)
         self.sessions = SessionManager(self.store)
         self.upstreams = Upstreams(
-            config.upstreams, connect_timeout_s=config.connect_timeout_s, read_timeout_s=config.read_timeout_s
+            config.upstreams,
+            connect_timeout_s=config.connect_timeout_s,
+            read_timeout_s=config.read_timeout_s,
+            routing=config.routing,
         )
         self.engine: Engine = self._make_engine(config.engine)
         self.dialects = load_dialects()

@@ -57,6 +57,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         action="store_true",
         help="fsync every commit batch (survives power loss); default: WAL synchronous=NORMAL (survives a killed proxy)",
     )
+    p.add_argument(
+        "--routing",
+        choices=["sticky", "round_robin"],
+        default="sticky",
+        help="sticky: each session stays on one upstream (prefix-cache reuse); round_robin: each request goes to "
+        "the next upstream",
+    )
     p.add_argument("--read-timeout-s", type=float, default=600.0)
     p.add_argument("--connect-timeout-s", type=float, default=5.0)
     p.set_defaults(func=_run)
@@ -86,6 +93,7 @@ def _run(args: argparse.Namespace) -> int:
         fsync=args.fsync,
         read_timeout_s=args.read_timeout_s,
         connect_timeout_s=args.connect_timeout_s,
+        routing=args.routing,
     )
     run(cfg, host=args.host, port=args.port)
     return 0

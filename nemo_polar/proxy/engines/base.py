@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """Engine plumbing shared by vLLM and SGLang: upstream endpoints, sticky routing, failover, error mapping.
 
-Routing: each session is pinned to one endpoint by a stable hash of its id (prefix-cache affinity); the other
-endpoints follow in ring order. A request moves to the next endpoint only when the connection could not be
+Routing (`routing`): `sticky` (default) pins each session to one endpoint by a stable hash of its id (prefix-cache
+affinity), the other endpoints following in ring order; `round_robin` starts each request at the next endpoint in
+turn, whatever its session (the reference Polar's routing; `benchmarks/prefix_cache.py` compares the two). A request moves to the next endpoint only when the connection could not be
 established (refused, unreachable, connect timeout), so a generation is never sent twice. Every upstream call has
 a connect and a read timeout. Upstream failures become `UpstreamError` (a `ProviderError`: the dialect renders it in
 the caller's shape): 5xx → 502, unreachable → 503, timeout → 504, all with `retry-after`; a context overflow keeps
@@ -31,7 +32,17 @@ from nemo_polar.proxy.upstream_http import (
     UpstreamTimeout,
 )
 
-__all__ = ["Engine", "EngineCall", "Generation", "UpstreamError", "Upstreams", "upstream_error_from_response"]
+__all__ = [
+    "ROUTING_MODES",
+    "Engine",
+    "EngineCall",
+    "Generation",
+    "UpstreamError",
+    "Upstreams",
+    "upstream_error_from_response",
+]
+
+ROUTING_MODES = ("sticky", "round_robin")
 
 _OVERFLOW_MARKERS = ("maximum context length", "context length", "too long", "max_model_len", "exceeds the model")
 
@@ -152,17 +163,30 @@ class Engine(Protocol):
 
 
 class Upstreams:
-    """A ring of upstream base URLs with session-sticky order and connect-failure failover.
+    """A ring of upstream base URLs with session-sticky (or round-robin) order and connect-failure failover.
 
     Args:
         urls: base URLs without `/v1` (e.g. `http://127.0.0.1:8000`); a trailing `/v1` is stripped.
         connect_timeout_s: connection set-up limit (a timeout here moves on to the next endpoint).
         read_timeout_s: the longest silence tolerated while reading a reply (504 after it).
+        routing: `sticky` (a session's requests start at its home endpoint) or `round_robin` (each request starts
+            at the next endpoint in turn).
     """
 
-    def __init__(self, urls: list[str], *, connect_timeout_s: float = 5.0, read_timeout_s: float = 600.0):
+    def __init__(
+        self,
+        urls: list[str],
+        *,
+        connect_timeout_s: float = 5.0,
+        read_timeout_s: float = 600.0,
+        routing: str = "sticky",
+    ):
         if not urls:
             raise ValueError("at least one upstream URL is required")
+        if routing not in ROUTING_MODES:
+            raise ValueError(f"unknown routing {routing!r} ({' | '.join(ROUTING_MODES)})")
+        self.routing = routing
+        self._turn = 0  # round_robin: the endpoint the next request starts at
         self.urls = [u.rstrip("/").removesuffix("/v1") for u in urls]
         for u in self.urls:
             Target.parse(u)  # a bad URL fails here, at start-up
@@ -184,11 +208,15 @@ class Upstreams:
         await old.close()
 
     def order(self, route_key: str) -> list[str]:
-        """Endpoints to try for a session: its home endpoint first (stable across processes), then the ring."""
+        """Endpoints to try for a request: its session's home endpoint first (stable across processes; under
+        `round_robin` the next endpoint in turn), then the ring."""
         n = len(self.urls)
         if n == 1:
             return self.urls
-        start = zlib.crc32(route_key.encode()) % n
+        if self.routing == "round_robin":
+            start, self._turn = self._turn % n, self._turn + 1
+        else:
+            start = zlib.crc32(route_key.encode()) % n
         return self.urls[start:] + self.urls[:start]
 
     async def post(
