@@ -1,6 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """`polar session run`: one harness session through an embedded proxy, written to a run directory.
 
+It exits 0 only when the harness exited 0 and got at least one model answer; otherwise 1, saying why on stderr.
+
     polar session run --harness pi --workdir DIR --instruction "…" --upstream http://127.0.0.1:8000 \\
         [--plan plan.json] [--out DIR] [--model NAME] [--builder prefix_merging] [--timeout-s 1800]
 
@@ -39,11 +41,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
             builder=args.builder,
             timeout_s=args.timeout_s,
             provider_api=args.provider_api,
+            command_line=args.command_line,
         )
     )
     print(json.dumps({"out": str(run.out), "exit_code": run.exit_code, "records": run.records,
+                      "answered": run.answered, "failed_calls": run.failed_calls, "first_error": run.first_error,
                       "call_kinds": run.call_kinds, "chains": run.chains}))  # fmt: skip
-    return 0 if run.exit_code == 0 else 1
+    if run.failure is not None:
+        print(f"polar session run: {run.failure} (see {run.out / 'summary.json'})", file=sys.stderr)
+        return 1
+    return 0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -59,5 +66,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default="polar", help="the model name the CLI asks for (mapped to the served one)")
     p.add_argument("--builder", default="prefix_merging")
     p.add_argument("--provider-api", help="pi/opencode: which provider API the CLI speaks")
+    p.add_argument("--command-line", help="--harness shell: the command to run ({instruction} is substituted)")
     p.add_argument("--timeout-s", type=float, default=1800.0)
     p.set_defaults(func=_cmd_run)

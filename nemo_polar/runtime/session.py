@@ -5,7 +5,10 @@
 `records.sqlite`), creates a session whose plan (harness-neutral steps resolved through the adapter) and request
 classifier come from the harness adapter, runs the CLI in the bubblewrap sandbox, then builds the trajectory and
 writes `trajectories.jsonl`, `summary.json` and `sessions/<session_id>/` (harness stdout/stderr, the connect
-trace, the workdir diff when the workdir is a git repository). It does not evaluate or assign credit.
+trace, the workdir diff when the workdir is a git repository). The summary counts the calls that got a model
+answer and those that failed, with the first failure's recorded error; `SessionRun.failure` says why a session did
+not do its job (the harness failed or timed out, or never got a model answer). It does not evaluate or assign
+credit.
 """
 
 from __future__ import annotations
@@ -41,6 +44,31 @@ class SessionRun:
     chains: dict[str, int]
     destinations: list[str]
     out: Path
+    answered: int = 0  # records with a model answer (no error)
+    failed_calls: int = 0  # records whose call failed (upstream error, rejected request, stream cut)
+    first_error: dict[str, Any] | None = None  # the first failed call's recorded error
+
+    @property
+    def failure(self) -> str | None:
+        """Why the session did not do its job (None when it did): the harness failed, or never got an answer."""
+        if self.timed_out:
+            return "the harness timed out"
+        if self.answered == 0:
+            if self.failed_calls:
+                why = _error_text(self.first_error)
+                return f"the harness got no model answer: {self.failed_calls} call(s) failed, the first with {why}"
+            return "the harness made no model call"
+        if self.exit_code != 0:
+            return f"the harness exited with {self.exit_code}"
+        return None
+
+
+def _error_text(error: dict[str, Any] | None) -> str:
+    if not error:
+        return "an unknown error"
+    status = error.get("upstream_status") or error.get("status")
+    head = f"{status} " if status else ""
+    return f"{head}{error.get('message') or error.get('type') or error}"
 
 
 def _layout(out: Path, workdir: Path, session_id: str) -> tuple[Path, Path, Path, Path]:
@@ -73,6 +101,7 @@ async def run_session(
     builder: str = "prefix_merging",
     timeout_s: float = 1800.0,
     provider_api: str | None = None,
+    command_line: str | None = None,
 ) -> SessionRun:
     adapter = get_adapter(harness) if isinstance(harness, str) else harness
     session_id = uuid.uuid4().hex
@@ -91,6 +120,7 @@ async def run_session(
             "workdir": Path(AGENT_WORKDIR),
             "home": Path(AGENT_HOME),
             "provider_api": provider_api,
+            "command_line": command_line,  # the `shell` adapter's command
         }
         probe = make_context(adapter, base_url=proxy.base_url, api_key="-", **ctx_args)
         resolved = resolve_plan(plan, adapter, probe) if plan else None
@@ -115,6 +145,7 @@ async def run_session(
     diff = _git_diff(workdir)
     if diff is not None:
         (sdir / "workdir.diff").write_text(diff)
+    failed = [r for r in records if r.error is not None]
     run = SessionRun(
         session_id=session_id,
         exit_code=result.exit_code,
@@ -124,6 +155,9 @@ async def run_session(
         chains=dict(Counter(str(t.chain_kind) for t in trajectory.traces)),
         destinations=sorted(result.destinations),
         out=out,
+        answered=len(records) - len(failed),
+        failed_calls=len(failed),
+        first_error=failed[0].error if failed else None,
     )
     summary = {
         "harness": adapter.name,
@@ -135,6 +169,10 @@ async def run_session(
         "timed_out": run.timed_out,
         "duration_s": round(duration_s, 3),
         "records": run.records,
+        "answered": run.answered,
+        "failed_calls": run.failed_calls,
+        "first_error": run.first_error,
+        "failure": run.failure,
         "call_kinds": run.call_kinds,
         "chains": run.chains,
         "builder": builder,
