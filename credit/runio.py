@@ -1,13 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""CALL-CREDIT over a run directory (DESIGN §3): read sessions and records, write `credit.jsonl`.
+"""CALL-CREDIT over a run directory (docs/run_directory.md): read sessions and records, write `credit.jsonl`.
 
 Reads `trajectories.jsonl` (one `SessionResult` per line; a bare `Trajectory` with `session_id`/`reward`
 fields, or one `Trace` per line as `polar run` writes it, are accepted too) and the records from
-`records.jsonl` (one `CompletionRecord` per line) or `records.sqlite` (the proxy store's layout — a `data`
-column holding the record's JSON — or any table whose rows hold a record as a JSON column or as its fields;
-pending rows are skipped). Groups are `metadata.group_id`, else `task_id`. Writes one line per session to `credit.jsonl`:
-the session's Â_τ and, per call, `{call_index, record_id, role, evidence, parents, credit, …}` — the shape
-of NEMO.md's `polar_calls` plus the credit. Returns the metrics for the CLI. No trainer; the network only for
+`records.jsonl` (one `CompletionRecord` per line) or `records.sqlite`, read through `nemo_polar.rundir` (the
+proxy store's own read API; pending rows are skipped). Groups are `metadata.group_id`, else `task_id`. Writes one
+line per session to `credit.jsonl`: the session's Â_τ and, per call, `{call_index, record_id, role, evidence, parents, credit, …}` — the shape
+of `polar_calls` (docs/nemo.md) plus the credit. Returns the metrics for the CLI. No trainer; the network only for
 counterfactual calibration (a runner, or `counterfactual.rollout_url`: each measured call gets its `delta`).
 """
 
@@ -15,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +21,7 @@ from typing import Any
 
 import orjson
 
+from nemo_polar.rundir import RunDir, read_records_of
 from nemo_polar.types import CompletionRecord, EvalResult, SessionResult, Trace, Trajectory
 
 from .config import CallCreditConfig
@@ -39,7 +38,7 @@ def load_sessions(run_dir: Path, records: Sequence[CompletionRecord] = ()) -> li
     `session_id`/`task_id`/`harness`/`reward`/`metadata` fields) or single `Trace`s (what `polar run` writes: they
     are grouped into sessions by the session of the records their spans name; harness and session id default to
     `summary.json`'s; the reward is the traces' `reward`)."""
-    path = run_dir / "trajectories.jsonl"
+    path = RunDir(run_dir).trajectories
     if not path.exists():
         raise FileNotFoundError(f"{path} not found")
     out = []
@@ -78,8 +77,8 @@ def _sessions_from_traces(
     run_dir: Path, traces: list[Trace], records: Sequence[CompletionRecord]
 ) -> list[SessionResult]:
     summary: dict[str, Any] = {}
-    if (run_dir / "summary.json").exists():
-        summary = json.loads((run_dir / "summary.json").read_text())
+    if RunDir(run_dir).summary.exists():
+        summary = json.loads(RunDir(run_dir).summary.read_text())
     session_of = {r.id: r.session_id for r in records}
     default_sid = str(summary.get("session_id") or "session")
     groups: dict[str, list[Trace]] = {}
@@ -102,53 +101,9 @@ def _sessions_from_traces(
     return out
 
 
-def _record_from_row(row: Mapping[str, Any]) -> CompletionRecord | None:
-    if row.get("state") == "pending":  # the proxy store's not-yet-committed calls
-        return None
-    for v in row.values():
-        if isinstance(v, (str, bytes)) and v[:1] in ("{", b"{"):
-            try:
-                d = orjson.loads(v)
-            except orjson.JSONDecodeError:
-                continue
-            if isinstance(d, dict) and {"id", "session_id", "seq"} <= d.keys():
-                return CompletionRecord.from_dict(d)
-    if {"id", "session_id", "seq"} <= row.keys():
-        fields = set(CompletionRecord.__dataclass_fields__)
-        d = {}
-        for k, v in row.items():
-            if k not in fields:
-                continue
-            if isinstance(v, (str, bytes)) and v[:1] in ("{", "[", b"{", b"["):
-                try:
-                    v = orjson.loads(v)
-                except orjson.JSONDecodeError:
-                    pass
-            d[k] = v
-        return CompletionRecord.from_dict(d)
-    return None
-
-
 def load_records(run_dir: Path) -> list[CompletionRecord]:
-    jl = run_dir / "records.jsonl"
-    if jl.exists():
-        return [CompletionRecord.from_json(x) for x in jl.read_text(encoding="utf-8").splitlines() if x.strip()]
-    db = run_dir / "records.sqlite"
-    if not db.exists():
-        return []
-    out: list[CompletionRecord] = []
-    con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        con.row_factory = sqlite3.Row
-        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")]
-        for t in tables:
-            for row in con.execute(f'SELECT * FROM "{t}"'):
-                rec = _record_from_row(dict(row))
-                if rec is not None:
-                    out.append(rec)
-    finally:
-        con.close()
-    return out
+    """The run's records, read through the run directory's reader (`records.jsonl`, else the proxy's store API)."""
+    return read_records_of(run_dir)
 
 
 @dataclass(slots=True)

@@ -8,6 +8,11 @@ content parts joined into one string. With `all_chains` each trace of the trajec
 post-compaction chain) yields its own conversation, ending at the trace's last call. The token-level option adds
 the trace's `prompt_ids`, `response_ids` and `loss_mask` (the exact tokens, with what trains).
 
+SFT data is accepted trajectories (rejection sampling): by default only sessions whose reward reaches the
+acceptance threshold (`is_accepted`: evaluated, not masked, reward >= threshold, default 1.0) are exported;
+`accepted_only=False` (`polar export sft --all`) includes the rest, each line's metadata saying whether it was
+accepted.
+
 This module reads data and writes JSONL; it runs nothing and never calls a model.
 """
 
@@ -21,6 +26,8 @@ from typing import Any
 
 import orjson
 
+from nemo_polar.collect.accept import is_accepted
+from nemo_polar.rundir import read_results, records_by_session
 from nemo_polar.types import CallKind, CompletionRecord, SessionResult, Trace
 
 __all__ = ["ExportStats", "conversation", "export_sft", "sft_lines", "to_openai_message"]
@@ -114,7 +121,9 @@ def _tools(record: CompletionRecord) -> list[Any]:
     return list(tools) if isinstance(tools, list) else []
 
 
-def _line(s: SessionResult, rec: CompletionRecord, trace: Trace | None, chain: str, tokens: bool) -> dict[str, Any]:
+def _line(
+    s: SessionResult, rec: CompletionRecord, trace: Trace | None, chain: str, tokens: bool, accepted: bool | None
+) -> dict[str, Any]:
     line: dict[str, Any] = {
         "messages": conversation(rec),
         "tools": _tools(rec),
@@ -125,6 +134,7 @@ def _line(s: SessionResult, rec: CompletionRecord, trace: Trace | None, chain: s
             "harness": s.harness,
             "reward": s.reward,
             "status": s.status,
+            "accepted": accepted,
             "chain_kind": chain,
             "record_id": rec.id,
             "repo": s.metadata.get("repo"),
@@ -152,8 +162,10 @@ def sft_lines(
     *,
     all_chains: bool = False,
     tokens: bool = False,
+    accepted: bool | None = None,
 ) -> list[dict[str, Any]]:
-    """The SFT lines of one session (its main conversation, or one per trace with `all_chains`)."""
+    """The SFT lines of one session (its main conversation, or one per trace with `all_chains`); `accepted` is
+    written into each line's metadata (None: not judged)."""
     by_id = {r.id: r for r in records}
     traces = session.trajectory.traces
     if not all_chains:
@@ -161,13 +173,13 @@ def sft_lines(
         if rec is None:
             return []
         trace = _trace_of(traces, rec.id)
-        return [_line(session, rec, trace, trace.chain_kind if trace else rec.call_kind, tokens)]
+        return [_line(session, rec, trace, trace.chain_kind if trace else rec.call_kind, tokens, accepted)]
     out = []
     for t in traces:
         recs = [by_id[rid] for rid, _, _ in t.call_spans if rid in by_id and by_id[rid].ok]
         if recs:
             last = max(recs, key=lambda r: r.seq)
-            out.append(_line(session, last, t, t.chain_kind, tokens))
+            out.append(_line(session, last, t, t.chain_kind, tokens, accepted))
     return out
 
 
@@ -175,37 +187,67 @@ def sft_lines(
 class ExportStats:
     sessions: int
     lines: int
-    skipped: int
+    skipped: int  # sessions that gave no line: rejected (left out) or without a successful main call
     out: Path
+    accepted: int = 0  # sessions at or above the threshold
+    rejected: int = 0  # sessions below it (left out unless `accepted_only=False`)
+    accept_threshold: float = 1.0
+    accepted_only: bool = True
+
+    def describe(self) -> str:
+        """One line for the user: what was written, and what the acceptance rule left out."""
+        rule = f"accepted = evaluated with reward >= {self.accept_threshold:g}"
+        if self.accepted_only:
+            left = f"{self.rejected} rejected session(s) left out (--all includes them)"
+        else:
+            left = f"{self.rejected} rejected session(s) included (--all)"
+        empty = self.skipped - (self.rejected if self.accepted_only else 0)
+        tail = f", {empty} without a successful main call" if empty else ""
+        return (
+            f"{self.lines} conversation(s) from {self.sessions} session(s): {self.accepted} accepted ({rule}), "
+            f"{left}{tail} → {self.out}"
+        )
 
 
 def export_sft(
     run_dir: str | Path,
     out: str | Path,
     *,
-    accepted_only: bool = False,
+    accepted_only: bool = True,
     accept_threshold: float = 1.0,
     all_chains: bool = False,
     tokens: bool = False,
 ) -> ExportStats:
-    """Write `out` (JSONL, one conversation per line) from `run_dir`'s trajectories and records."""
-    from nemo_polar.collect.summary import is_accepted, load_records_by_session, load_results
-
+    """Write `out` (JSONL, one conversation per line) from `run_dir`'s trajectories and records: the accepted
+    sessions (reward >= `accept_threshold`), or every session with `accepted_only=False`."""
     rd = Path(run_dir)
-    results = load_results(rd)
-    records = load_records_by_session(rd)
-    n_lines = skipped = 0
+    results = read_results(rd)
+    records = records_by_session(rd)
+    n_lines = skipped = n_accepted = 0
     out_path = Path(out)
     out_path.parent.mkdir(parents=True, exist_ok=True)
     with open(out_path, "wb") as f:
         for s in results:
-            if accepted_only and not is_accepted(s, accept_threshold):
+            accepted = is_accepted(s, accept_threshold)
+            n_accepted += accepted
+            if accepted_only and not accepted:
                 skipped += 1
                 continue
-            lines = sft_lines(s, records.get(s.session_id, []), all_chains=all_chains, tokens=tokens)
+            lines = sft_lines(
+                s, records.get(s.session_id, []), all_chains=all_chains, tokens=tokens, accepted=accepted
+            )
             if not lines:
                 skipped += 1
             for line in lines:
                 f.write(orjson.dumps(line) + b"\n")
                 n_lines += 1
-    return ExportStats(sessions=len(results), lines=n_lines, skipped=skipped, out=out_path)
+    return ExportStats(
+        sessions=len(results),
+        lines=n_lines,
+        skipped=skipped,
+        out=out_path,
+        accepted=n_accepted,
+        rejected=len(results) - n_accepted,
+        accept_threshold=accept_threshold,
+        accepted_only=accepted_only,
+    )

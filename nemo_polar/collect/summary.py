@@ -15,16 +15,16 @@ This module reads and aggregates; it runs no session.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import orjson
-
-from nemo_polar.types import ChainKind, CompletionRecord, SessionResult, TrajectoryStatus
+from nemo_polar.collect.accept import is_accepted, repo_of, usable
+from nemo_polar.collect.export import sft_lines
+from nemo_polar.rundir import RunDir, read_results, records_by_session, write_json
+from nemo_polar.types import ChainKind, CompletionRecord, SessionResult
 
 __all__ = [
     "aggregate",
@@ -34,6 +34,7 @@ __all__ = [
     "repo_of",
     "session_row",
     "summarize",
+    "usable",
     "write_summary",
 ]
 
@@ -41,48 +42,17 @@ _MAIN_CHAINS = (ChainKind.MAIN.value, ChainKind.POST_COMPACTION.value)
 
 
 def load_results(run_dir: str | Path) -> list[SessionResult]:
-    """The `SessionResult` lines of `run_dir/trajectories.jsonl` (empty when the file does not exist yet)."""
-    path = Path(run_dir) / "trajectories.jsonl"
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_bytes().splitlines():
-        if line.strip():
-            try:
-                out.append(SessionResult.from_dict(orjson.loads(line)))
-            except orjson.JSONDecodeError:  # a line cut by a kill mid-write; the session is re-collected
-                continue
-    return out
+    """The `SessionResult` lines of `run_dir/trajectories.jsonl` (`nemo_polar.rundir.read_results`)."""
+    return read_results(run_dir)
 
 
 def load_records_by_session(run_dir: str | Path) -> dict[str, list[CompletionRecord]]:
-    from nemo_polar.credit.runio import load_records
-
-    by: dict[str, list[CompletionRecord]] = {}
-    for r in load_records(Path(run_dir)):
-        by.setdefault(r.session_id, []).append(r)
-    for recs in by.values():
-        recs.sort(key=lambda r: r.seq)
-    return by
-
-
-def repo_of(s: SessionResult) -> str:
-    md = s.metadata
-    return str(md.get("repo") or md.get("group_id") or s.task_id)
-
-
-def usable(s: SessionResult) -> bool:
-    return s.status != TrajectoryStatus.ERROR.value and s.eval is not None and not s.eval.mask_sample
-
-
-def is_accepted(s: SessionResult, accept_threshold: float = 1.0) -> bool:
-    return usable(s) and s.reward >= accept_threshold
+    """The run's records per session in `seq` order (`nemo_polar.rundir.records_by_session`)."""
+    return records_by_session(run_dir)
 
 
 def session_row(s: SessionResult, records: Sequence[CompletionRecord], accept_threshold: float) -> dict[str, Any]:
     """Per-session numbers (the summary aggregates these; the viewer's index shows them)."""
-    from nemo_polar.collect.export import sft_lines
-
     traces = s.trajectory.traces
     lines = sft_lines(s, records)
     return {
@@ -165,9 +135,7 @@ def write_summary(
     run_dir: str | Path, *, accept_threshold: float = 1.0, extra: Mapping[str, Any] | None = None
 ) -> dict[str, Any]:
     """Recompute `run_dir/summary.json` from trajectories.jsonl and records.sqlite; return it."""
-    rd = Path(run_dir)
-    summary = summarize(load_results(rd), load_records_by_session(rd), accept_threshold=accept_threshold, extra=extra)
-    tmp = rd / ".summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    tmp.replace(rd / "summary.json")
+    rd = RunDir(run_dir)
+    summary = summarize(read_results(rd), records_by_session(rd), accept_threshold=accept_threshold, extra=extra)
+    write_json(rd.summary, summary)
     return summary

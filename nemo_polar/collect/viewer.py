@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 import jinja2
 
+from nemo_polar.rundir import RunDir, read_json, read_results, records_by_session
 from nemo_polar.types import CompletionRecord, SessionResult, Trace
 
 __all__ = ["render_report", "write_report"]
@@ -56,7 +57,7 @@ def _load_tokenizer(path: str | Path | None) -> _Decoder | None:
 
 
 def _credit_by_session(run_dir: Path) -> dict[str, dict[str, Any]]:
-    path = run_dir / "credit.jsonl"
+    path = RunDir(run_dir).credit
     if not path.exists():
         return {}
     out = {}
@@ -216,18 +217,16 @@ def _role_counts(calls: Sequence[Mapping[str, Any]]) -> str:
 
 def render_report(run_dir: str | Path, *, tokenizer: str | Path | None = None, title: str | None = None) -> str:
     """The report HTML for `run_dir` (sessions from trajectories.jsonl, records, credit.jsonl, summary.json)."""
-    from nemo_polar.collect.summary import load_records_by_session, load_results, session_row
+    from nemo_polar.collect.summary import session_row
 
     rd = Path(run_dir)
-    summary: dict[str, Any] = {}
-    if (rd / "summary.json").exists():
-        summary = json.loads((rd / "summary.json").read_text())
+    summary: dict[str, Any] = read_json(RunDir(rd).summary, {})
     threshold = float(summary.get("accept_threshold", 1.0))
     if tokenizer is None:
         tokenizer = (summary.get("model") or {}).get("model_dir")
     decoder = _load_tokenizer(tokenizer)
-    results = sorted(load_results(rd), key=lambda s: (s.harness or "", s.task_id, s.sample_index))
-    records = load_records_by_session(rd)
+    results = sorted(read_results(rd), key=lambda s: (s.harness or "", s.task_id, s.sample_index))
+    records = records_by_session(rd)
     credit = _credit_by_session(rd)
     sessions = []
     for s in results:
@@ -247,7 +246,7 @@ def render_report(run_dir: str | Path, *, tokenizer: str | Path | None = None, t
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None, *, tokenizer: str | Path | None = None) -> Path:
-    path = Path(out) if out is not None else Path(run_dir) / "report.html"
+    path = Path(out) if out is not None else RunDir(run_dir).report
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(render_report(run_dir, tokenizer=tokenizer), encoding="utf-8")
     return path

@@ -33,7 +33,7 @@ import orjson
 
 from nemo_polar.types import CompletionRecord
 
-__all__ = ["DB_NAME", "RecordStore", "StoreClosed"]
+__all__ = ["DB_NAME", "RecordStore", "StoreClosed", "read_records"]
 
 log = logging.getLogger(__name__)
 
@@ -340,6 +340,23 @@ class RecordStore:
     def load_sessions(self) -> list[tuple[str, str, float, dict[str, Any]]]:
         rows = self._read().execute("SELECT session_id, api_key, created_at, data FROM sessions").fetchall()
         return [(sid, key, float(created), orjson.loads(data)) for sid, key, created, data in rows]
+
+
+def read_records(directory: str | Path, *, include_pending: bool = False) -> list[CompletionRecord]:
+    """Every record of the store in `directory` (its `records.sqlite`), ordered by session and `seq`, read through a
+    read-only connection (a live proxy may still be writing). Pending rows (calls not finished yet) are left out
+    unless `include_pending`. The one way to read a store that this process does not hold open; raises
+    `FileNotFoundError` when there is no store."""
+    path = Path(directory) / DB_NAME
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no record store")
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        sql = "SELECT data FROM records" + ("" if include_pending else " WHERE state = 'done'")
+        rows = conn.execute(sql + " ORDER BY session_id, seq").fetchall()
+    finally:
+        conn.close()
+    return [CompletionRecord.from_json(r[0]) for r in rows]
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(CompletionRecord))

@@ -3,8 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from nemo_polar.cli import main
+from nemo_polar.proxy.store import RecordStore
 from nemo_polar.types import EvalResult, SessionResult
 
 from .sessions import bugfix_steps, make_session, per_request_trajectory, prefix_merged_trajectory
@@ -50,17 +51,17 @@ def _run_dir(tmp: Path, store: str = "jsonl") -> Path:
     (rd / "trajectories.jsonl").write_bytes(b"".join(s.to_json() + b"\n" for s in sessions))
     if store == "jsonl":
         (rd / "records.jsonl").write_bytes(b"".join(r.to_json() + b"\n" for r in records))
-    else:
-        con = sqlite3.connect(rd / "records.sqlite")
-        con.execute("CREATE TABLE records (id TEXT PRIMARY KEY, session_id TEXT, seq INTEGER, body TEXT)")
-        con.executemany(
-            "INSERT INTO records VALUES (?, ?, ?, ?)",
-            [(r.id, r.session_id, r.seq, r.to_json().decode()) for r in records],
-        )
-        con.execute("CREATE TABLE meta (k TEXT, v TEXT)")
-        con.execute("INSERT INTO meta VALUES ('schema', '1')")
-        con.commit()
-        con.close()
+    else:  # the proxy's own store, written through its API (credit reads it through the store's read API)
+        store = RecordStore(rd).open()
+
+        async def put() -> None:
+            for r in records:
+                await store.commit(r)
+
+        try:
+            asyncio.run(put())
+        finally:
+            store.close()
     return rd
 
 
@@ -126,9 +127,6 @@ def test_polar_console_script(tmp_path: Path) -> None:
 
 def test_polar_run_layout_with_the_real_store_and_builder(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The layout `polar run` writes: one Trace per line, the proxy's records.sqlite, summary.json."""
-    import asyncio
-
-    from nemo_polar.proxy.store import RecordStore
     from nemo_polar.trajectory import build
     from nemo_polar.trajectory.export import traces_to_jsonl
 
