@@ -134,6 +134,6 @@ def _demo(args: argparse.Namespace) -> int:
         return rc
     st = export_sft(out, out / "sft.jsonl")
     report = write_report(out).resolve()
-    print(f"SFT export: {st.lines} conversations → {st.out}")
+    print(f"SFT export: {st.describe()}")
     print(f"report: {report}\nopen it: file://{report}")
     return 0

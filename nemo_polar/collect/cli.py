@@ -3,7 +3,7 @@
 and `viewer.py`.
 
     polar collect TASKS --harness pi,qwen_code --samples 2 --builder prefix_merging --out runs/x [--upstream URL]
-    polar export sft runs/x --out sft.jsonl [--accepted-only] [--tokens] [--all-chains]
+    polar export sft runs/x --out sft.jsonl [--all] [--accept-threshold 1.0] [--tokens] [--all-chains]
     polar view runs/x --out report.html [--tokenizer MODEL_DIR]
 
 TASKS is a TaskSpec JSONL file or `example:NAME[,NAME…]`. Without `--upstream` the embedded vLLM-CPU backend
@@ -52,8 +52,15 @@ def register(subparsers: Any) -> None:
     q = sub.add_parser("sft", help="OpenAI-style messages (role, content, tool_calls, tool_call_id), one per line")
     q.add_argument("run_dir", metavar="RUN_DIR", type=Path)
     q.add_argument("--out", required=True, type=Path)
-    q.add_argument("--accepted-only", action="store_true", help="only sessions with reward >= --accept-threshold")
-    q.add_argument("--accept-threshold", type=float, default=1.0)
+    which = q.add_mutually_exclusive_group()
+    which.add_argument(
+        "--all",
+        dest="include_all",
+        action="store_true",
+        help="include rejected sessions too (default: accepted only, reward >= --accept-threshold)",
+    )
+    which.add_argument("--accepted-only", action="store_true", help="the default (kept for old command lines)")
+    q.add_argument("--accept-threshold", type=float, default=1.0, help="reward counted as accepted (default 1.0)")
     q.add_argument("--tokens", action="store_true", help="add the trace's prompt_ids / response_ids / loss_mask")
     q.add_argument("--all-chains", action="store_true", help="one conversation per trace (subagent, side, …)")
     q.set_defaults(func=_export_sft)
@@ -142,12 +149,12 @@ def _export_sft(args: argparse.Namespace) -> int:
     st = export_sft(
         args.run_dir,
         args.out,
-        accepted_only=args.accepted_only,
+        accepted_only=not args.include_all,
         accept_threshold=args.accept_threshold,
         all_chains=args.all_chains,
         tokens=args.tokens,
     )
-    print(f"{st.lines} conversation(s) from {st.sessions} session(s) ({st.skipped} skipped) → {st.out}")
+    print(st.describe())
     return 0
 
 

@@ -185,7 +185,7 @@ def test_sft_export_validates_against_the_openai_chat_schema(demo_run: Path, tmp
     adapter = TypeAdapter(list[ChatCompletionMessageParam])
     allowed = {"role", "content", "tool_calls", "tool_call_id", "name"}
     out = tmp_path / "sft.jsonl"
-    proc = _polar("export", "sft", str(demo_run), "--out", str(out), "--tokens")
+    proc = _polar("export", "sft", str(demo_run), "--out", str(out), "--tokens", "--all")
     assert proc.returncode == 0, proc.stderr
     lines = _lines(out)
     assert len(lines) == 12
@@ -206,7 +206,7 @@ def test_sft_export_validates_against_the_openai_chat_schema(demo_run: Path, tmp
         assert len(tok["response_ids"]) == len(tok["loss_mask"]) == len(tok["response_logprobs"])
     assert n_tool > 0, "fix_plan sessions carry tool results"
     accepted = tmp_path / "accepted.jsonl"
-    assert _polar("export", "sft", str(demo_run), "--out", str(accepted), "--accepted-only").returncode == 0
+    assert _polar("export", "sft", str(demo_run), "--out", str(accepted)).returncode == 0  # accepted only
     acc = _lines(accepted)
     assert len(acc) == 6 and all(x["metadata"]["reward"] == 1.0 for x in acc)
 
