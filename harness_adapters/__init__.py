@@ -4,12 +4,15 @@
 `get_adapter(name)` returns an adapter by its registry key (the YAML value: `claude_code`, `codex`,
 `gemini_cli`, `qwen_code`, `opencode`, `pi`, `mini_swe_agent`, `shell`) or by a dotted path
 (`my_pkg.my_module:MyAdapter` or `my_pkg.my_module.MyAdapter`) to a user's own `HarnessAdapter` subclass.
-This module imports adapters lazily; it never imports the proxy, the rollout service or credit.
+Paths are resolved by `nemo_polar.loading.load_object`; a name that cannot be resolved raises
+`nemo_polar.errors.LoadError` (a `KeyError`). This module imports adapters lazily; it never imports the proxy, the
+rollout service or credit.
 """
 
 from __future__ import annotations
 
-import importlib
+from nemo_polar.errors import LoadError
+from nemo_polar.loading import is_dotted_path, load_object
 
 from .base import HarnessAdapter, HarnessContext, McpServer, PlanError, resolve_plan
 
@@ -36,26 +39,19 @@ BUILTIN: dict[str, str] = {
 }
 
 
-def _load(module: str, attr: str) -> HarnessAdapter:
-    obj = getattr(importlib.import_module(module), attr)
+def _load(path: str) -> HarnessAdapter:
+    obj = load_object(path, what="harness adapter")
     adapter = obj() if isinstance(obj, type) else obj
     if not isinstance(adapter, HarnessAdapter):
-        raise TypeError(f"{module}.{attr} is not a HarnessAdapter")
+        raise TypeError(f"{path} is not a HarnessAdapter")
     return adapter
 
 
 def get_adapter(name: str) -> HarnessAdapter:
-    """An adapter instance by registry key or dotted path; `KeyError` names the known keys when not found."""
+    """An adapter instance by registry key or dotted path; `LoadError` (a `KeyError`) names the known keys or the
+    path that failed."""
     if name in BUILTIN:
-        module, attr = BUILTIN[name].split(":")
-        return _load(f"{__name__}.{module}", attr)
-    if ":" in name:
-        module, attr = name.split(":", 1)
-    elif "." in name:
-        module, attr = name.rsplit(".", 1)
-    else:
-        raise KeyError(f"unknown harness {name!r}; built-in: {', '.join(BUILTIN)}; or give a dotted path")
-    try:
-        return _load(module, attr)
-    except (ImportError, AttributeError) as exc:
-        raise KeyError(f"cannot load harness adapter {name!r}: {exc}") from exc
+        return _load(f"{__name__}.{BUILTIN[name]}")
+    if not is_dotted_path(name):
+        raise LoadError(f"unknown harness {name!r}; built-in: {', '.join(BUILTIN)}; or give a dotted path")
+    return _load(name)

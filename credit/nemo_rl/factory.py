@@ -26,6 +26,8 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from nemo_polar.loading import load_object
+
 from .options import ESTIMATOR_NAME, ESTIMATOR_TARGET, as_plain, get_key
 from .pinned import FACTORY_NAME, GRPO_MODULE
 
@@ -45,11 +47,8 @@ def _module(grpo_module: ModuleType | str | None) -> ModuleType:
 
 
 def import_target(dotted: str) -> Any:
-    """The object at `package.module.Name`."""
-    module_name, _, attr = dotted.rpartition(".")
-    if not module_name:
-        raise ValueError(f"_target_ must be a dotted path, got {dotted!r}")
-    return getattr(importlib.import_module(module_name), attr)
+    """The object at `package.module.Name` (or `package.module:Name`); `LoadError` names the path on failure."""
+    return load_object(dotted, what="_target_")
 
 
 def requested_target(adv_config: Any) -> str | None:

@@ -13,13 +13,14 @@ This module runs no tests itself; see `swe_tests`, `command`, `session_completed
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from nemo_polar.errors import LoadError
+from nemo_polar.loading import is_dotted_path, load_object
 from nemo_polar.types import EvalResult, Trajectory, ValidationError
 
 if TYPE_CHECKING:
@@ -72,20 +73,14 @@ def register_evaluator(name: str) -> Callable[[Evaluator], Evaluator]:
 
 
 def get_evaluator(name: str) -> Evaluator:
-    """A registered evaluator, or one importable by dotted path; `KeyError` when neither."""
+    """A registered evaluator, or one importable by dotted path; `LoadError` (a `KeyError`) when neither."""
     if name in _REGISTRY:
         return _REGISTRY[name]
-    mod_name, sep, attr = name.partition(":")
-    if not sep:
-        mod_name, _, attr = name.rpartition(".")
-    if not mod_name or not attr:
-        raise KeyError(f"unknown evaluator {name!r}; registered: {sorted(_REGISTRY)}")
-    try:
-        fn = getattr(importlib.import_module(mod_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise KeyError(f"cannot import evaluator {name!r}: {exc}") from exc
+    if not is_dotted_path(name):
+        raise LoadError(f"unknown evaluator {name!r}; registered: {sorted(_REGISTRY)} (or give a dotted path)")
+    fn = load_object(name, what="evaluator")
     if not callable(fn):
-        raise KeyError(f"evaluator {name!r} is not callable")
+        raise LoadError(f"evaluator {name!r} is not callable")
     return fn  # type: ignore[no-any-return]
 
 

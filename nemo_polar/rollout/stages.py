@@ -14,7 +14,6 @@ The pools, queues and admission live in `gateway.py`; this module is the per-ses
 from __future__ import annotations
 
 import asyncio
-import importlib
 import logging
 import math
 import sys
@@ -26,9 +25,11 @@ from urllib.parse import urlsplit
 
 import orjson
 
+from nemo_polar.errors import PolarError
 from nemo_polar.evaluators import EvalContext, run_evaluator
 from nemo_polar.evaluators.base import apply_trace_rewards
 from nemo_polar.evaluators.base import failure as eval_failure
+from nemo_polar.loading import load_object
 from nemo_polar.rollout.retry import Backoff, retry
 from nemo_polar.rollout.runtime import Runtime, RuntimeSetupError, create_runtime
 from nemo_polar.rollout.spec import ExecAction, TaskSpec, UploadDirAction, UploadFileAction
@@ -44,8 +45,8 @@ log = logging.getLogger(__name__)
 SIMULATION = "simulation"
 
 
-class PrepareError(RuntimeError):
-    pass
+class PrepareActionError(PolarError, RuntimeError):
+    """A prepare action of the session spec failed (INIT); retried, then fatal for the session."""
 
 
 @dataclass(eq=False)
@@ -144,12 +145,12 @@ class SessionWork:
                     res = await rt.exec(action.command, timeout_s=action.timeout_s, env=action.env)
                     if not res.ok:
                         why = "timed out" if res.timed_out else f"exit {res.exit_code}"
-                        raise PrepareError(f"prepare[{i}] exec {why}: {(res.stdout + res.stderr)[-1000:]}")
+                        raise PrepareActionError(f"prepare[{i}] exec {why}: {(res.stdout + res.stderr)[-1000:]}")
 
             await retry(
                 once,
                 backoff=Backoff(attempts=action.retries + 1, base_s=0.5, cap_s=5.0),
-                retry_on=(PrepareError, OSError, RuntimeSetupError),
+                retry_on=(PrepareActionError, OSError, RuntimeSetupError),
                 what=f"{job.session_id} prepare[{i}]",
             )
 
@@ -168,7 +169,7 @@ class SessionWork:
                 f"INIT exceeded the session budget of {job.task.timeout_s}s",
                 status=TrajectoryStatus.TIMEOUT.value,
             )
-        except (PrepareError, RuntimeSetupError, OSError) as exc:
+        except (PrepareActionError, RuntimeSetupError, OSError) as exc:
             job.fail("init", "init_failed", f"{type(exc).__name__}: {exc}")
         except Exception as exc:
             log.exception("INIT of %s crashed", job.session_id)
@@ -404,10 +405,7 @@ class SessionWork:
                     if not res.ok:
                         raise RuntimeError(f"exit {res.exit_code}{' (timeout)' if res.timed_out else ''}")
                 else:
-                    mod, _, attr = (hook.target or "").rpartition(".")
-                    if ":" in (hook.target or ""):
-                        mod, attr = (hook.target or "").split(":", 1)
-                    fn = getattr(importlib.import_module(mod), attr)
+                    fn = load_object(hook.target or "", what="post-run hook")
                     out = fn(job.session_dir, result.to_dict())
                     if asyncio.iscoroutine(out):
                         await asyncio.wait_for(out, timeout=hook.timeout_s)

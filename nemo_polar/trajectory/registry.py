@@ -9,12 +9,13 @@ This module does no I/O, reads no clock and loads no tokenizer.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from pydantic import ValidationError as PydanticValidationError
 
+from nemo_polar.errors import LoadError, PolarError
+from nemo_polar.loading import is_dotted_path, load_object
 from nemo_polar.types import CompletionRecord, Trajectory
 
 from .options import BuildOptions
@@ -26,7 +27,7 @@ __all__ = ["BuilderFn", "OptionsError", "available_builders", "build", "get_buil
 BuilderFn = Callable[[Iterable[CompletionRecord], BuildOptions], Trajectory]
 
 
-class OptionsError(ValueError):
+class OptionsError(PolarError, ValueError):
     """Builder options failed validation; `errors` lists every problem."""
 
     def __init__(self, errors: list[str]):
@@ -54,19 +55,15 @@ def available_builders() -> list[str]:
 
 
 def get_builder(name: str) -> BuilderFn:
-    """A registered builder, or one imported by dotted path."""
+    """A registered builder, or one imported by dotted path; `LoadError` (a `KeyError`) when neither."""
     fn = _REGISTRY.get(name)
     if fn is not None:
         return fn
-    if "." not in name and ":" not in name:
-        raise KeyError(f"unknown builder {name!r}; registered: {available_builders()} (or give a dotted path)")
-    module, _, attr = name.partition(":") if ":" in name else name.rpartition(".")
-    try:
-        obj = getattr(importlib.import_module(module), attr)
-    except (ImportError, AttributeError) as exc:
-        raise KeyError(f"cannot import builder {name!r}: {exc}") from exc
+    if not is_dotted_path(name):
+        raise LoadError(f"unknown builder {name!r}; registered: {available_builders()} (or give a dotted path)")
+    obj = load_object(name, what="builder")
     if not callable(obj):
-        raise KeyError(f"builder {name!r} is not callable")
+        raise LoadError(f"builder {name!r} is not callable")
     return obj  # type: ignore[no-any-return]
 
 
