@@ -26,8 +26,8 @@ gym: venv
 setup: venv deps backend harnesses gym
 
 lint: venv
-	$(PY) -m ruff check nemo_polar harness_adapters credit environments tests benchmarks
-	$(PY) -m ruff format --check nemo_polar harness_adapters credit environments tests benchmarks
+	$(PY) -m ruff check nemo_polar harness_adapters credit environments tests benchmarks polar_lab
+	$(PY) -m ruff format --check nemo_polar harness_adapters credit environments tests benchmarks polar_lab
 
 typecheck: venv
 	bash scripts/typecheck.sh

@@ -35,15 +35,20 @@ from typing import Any
 from nemo_polar.credit import CallCreditConfig, annotate, assign
 from nemo_polar.credit.counterfactual import Alternative, CounterfactualRequest
 from nemo_polar.credit.counterfactual_rollout import RolloutRunner
-from nemo_polar.credit.sim.fidelity import spearman
 
 from nemo_polar import examples
 from nemo_polar.backend.server import free_port
 from nemo_polar.rollout.spec import TaskSpec
 from nemo_polar.types import CompletionRecord, SessionResult
 
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # polar_lab (the simulator) lives at the repository root, not in the wheel
+    sys.path.insert(0, str(REPO))
+
+from polar_lab.credit_sim.fidelity import spearman  # noqa: E402
+
 EXAMPLES = ("median", "slugify", "lru_cache", "roman", "intervals")
-TINY_AGENT = Path(__file__).resolve().parents[1] / "tests" / "harness" / "tiny_agent.py"
+TINY_AGENT = REPO / "tests" / "harness" / "tiny_agent.py"
 NULL_STEP = {"tool": "bash", "arguments": {"command": "true"}}
 
 

@@ -28,10 +28,15 @@ import math
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
-from nemo_polar.credit.sim.fidelity import FidelityConfig, format_table, run, summarize
-from nemo_polar.credit.sim.records import ChatTokenizer, TokenizerMissing
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # polar_lab (the simulator) lives at the repository root, not in the wheel
+    sys.path.insert(0, str(REPO))
+
+from polar_lab.credit_sim.fidelity import FidelityConfig, format_table, run, summarize  # noqa: E402
+from polar_lab.credit_sim.records import ChatTokenizer, TokenizerMissing  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import pytest
-from nemo_polar.credit.sim.records import ChatTokenizer, TokenizerMissing
+
+from polar_lab.credit_sim.records import ChatTokenizer, TokenizerMissing
 
 
 @pytest.fixture(scope="session")

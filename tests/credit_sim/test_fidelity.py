@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 
 import pytest
-from nemo_polar.credit.sim.fidelity import (
+
+from polar_lab.credit_sim.fidelity import (
     ARMS,
     BUILDERS,
     METRICS,
@@ -17,7 +18,7 @@ from nemo_polar.credit.sim.fidelity import (
     spearman,
     summarize,
 )
-from nemo_polar.credit.sim.records import ChatTokenizer
+from polar_lab.credit_sim.records import ChatTokenizer
 
 
 def test_spearman_by_hand() -> None:

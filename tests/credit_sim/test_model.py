@@ -8,7 +8,8 @@ import itertools
 import random
 
 import pytest
-from nemo_polar.credit.sim.model import IRRELEVANT, SCENARIOS, Model, Scenario, SkillParams, State, Task, Weights
+
+from polar_lab.credit_sim.model import IRRELEVANT, SCENARIOS, Model, Scenario, SkillParams, State, Task, Weights
 
 # A tiny model: two calls, the agent starts located; it may read R, read an irrelevant file, or edit R
 # (blind edits are always wrong); a read-informed edit is right half the time; hidden tests pass with 0.8.

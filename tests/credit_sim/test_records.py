@@ -7,11 +7,11 @@ from __future__ import annotations
 import random
 
 import pytest
-from nemo_polar.credit.sim.model import SCENARIOS, Model, Task
-from nemo_polar.credit.sim.records import ChatTokenizer, session_records
-from nemo_polar.credit.sim.render import HELD_IN, VOCABULARIES, make_repo
 
 from nemo_polar.trajectory import build, check_exact
+from polar_lab.credit_sim.model import SCENARIOS, Model, Task
+from polar_lab.credit_sim.records import ChatTokenizer, session_records
+from polar_lab.credit_sim.render import HELD_IN, VOCABULARIES, make_repo
 
 
 def _session(seed: int, scenario: str = "noisy") -> tuple[Model, object]:

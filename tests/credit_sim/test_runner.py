@@ -11,10 +11,11 @@ import random
 import pytest
 from nemo_polar.credit import CallCreditConfig, CounterfactualRunner, annotate, assign, calibrate
 from nemo_polar.credit.counterfactual import Alternative, CounterfactualRequest
-from nemo_polar.credit.sim.model import SCENARIOS, Model, Task
-from nemo_polar.credit.sim.records import session_records
-from nemo_polar.credit.sim.render import make_repo
-from nemo_polar.credit.sim.runner import SimulatorRunner
+
+from polar_lab.credit_sim.model import SCENARIOS, Model, Task
+from polar_lab.credit_sim.records import session_records
+from polar_lab.credit_sim.render import make_repo
+from polar_lab.credit_sim.runner import SimulatorRunner
 
 from .test_model import tiny
 

@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The credit-fidelity simulator (issue 13): coding-agent sessions with a known causal model.
+"""The credit-fidelity simulator (issue 13): coding-agent sessions with a known causal model. Not shipped: it
+serves `benchmarks/credit_fidelity.py` and `tests/credit_sim/`, which import it from the repository root.
 
 docs/credit_sim_model.md is the specification (written before the code). Modules:
 - `model`: the structural causal model (state, policy, transitions) and the exact ground truth δ per call;
