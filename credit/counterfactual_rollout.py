@@ -24,6 +24,7 @@ import hashlib
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
+from nemo_polar.errors import PolarError
 from nemo_polar.rollout.client import PolarClient
 from nemo_polar.rollout.spec import TaskSpec
 from nemo_polar.types import CompletionRecord, SessionResult
@@ -35,7 +36,7 @@ __all__ = ["CounterfactualRunError", "RolloutRunner", "counterfactual_task", "ru
 RecordsOf = Callable[[str], Awaitable[Sequence[CompletionRecord]]]
 
 
-class CounterfactualRunError(RuntimeError):
+class CounterfactualRunError(PolarError, RuntimeError):
     """A counterfactual session gave no usable Δ (it failed, or `next_best` found no different action)."""
 
     def __init__(self, message: str, *, session_id: str | None = None):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar, Literal
 
+from nemo_polar.errors import PlanError
 from nemo_polar.types import CallKind
 
 __all__ = [
@@ -49,10 +50,6 @@ PROXY_ENV_VARS = (
     "NO_PROXY",
     "no_proxy",
 )
-
-
-class PlanError(ValueError):
-    """A plan step cannot be resolved for this harness (unknown kind, missing field)."""
 
 
 @dataclass(frozen=True, slots=True)

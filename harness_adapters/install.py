@@ -16,6 +16,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from nemo_polar.errors import PolarError
+
 from .base import HarnessAdapter
 
 __all__ = ["InstallError", "InstallStatus", "cache_root", "install", "install_dir", "status"]
@@ -24,7 +26,7 @@ MARKER = ".polar-installed"
 INSTALL_TIMEOUT_S = 900.0
 
 
-class InstallError(RuntimeError):
+class InstallError(PolarError, RuntimeError):
     """An install command failed; `output` holds its tail."""
 
     def __init__(self, name: str, output: str):

@@ -22,6 +22,8 @@ from typing import Any, ClassVar, TypeVar
 import numpy as np
 import orjson
 
+from nemo_polar.errors import PolarError
+
 __all__ = [
     "CallKind",
     "ChainKind",
@@ -41,7 +43,7 @@ __all__ = [
 ]
 
 
-class ValidationError(ValueError):
+class ValidationError(PolarError, ValueError):
     """A record violates its contract (lengths disagree, a reward is not finite, …)."""
 
     def __init__(self, kind: str, errors: list[str]):

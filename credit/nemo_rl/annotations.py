@@ -19,10 +19,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from nemo_polar.errors import PolarError
+
 from .options import ROLES
 
 
-class AnnotationError(ValueError):
+class AnnotationError(PolarError, ValueError):
     """A `polar_calls` entry disagrees with the row it is attached to."""
 
 

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
+from nemo_polar.errors import PolarError
 from nemo_polar.loading import load_object
 
 from .options import ESTIMATOR_NAME, ESTIMATOR_TARGET, as_plain, get_key
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 _WRAPPED_FLAG = "__call_credit_wrapped__"
 
 
-class PluginNotLoadedError(RuntimeError):
+class PluginNotLoadedError(PolarError, RuntimeError):
     """The config asks for a plug-in estimator but NeMo RL built another one (plain GRPO would run silently)."""
 
 

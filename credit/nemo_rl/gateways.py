@@ -28,6 +28,8 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from nemo_polar.errors import PolarError
+
 from .pinned import REFIT_NAME
 
 log = logging.getLogger(__name__)
@@ -36,7 +38,7 @@ _WRAPPED_FLAG = "__polar_refit_wrapped__"
 CONTROL_TOKEN_ENV = "POLAR_CONTROL_TOKEN"
 
 
-class GatewayAdminError(RuntimeError):
+class GatewayAdminError(PolarError, RuntimeError):
     """A gateway did not accept an admin call (after retries)."""
 
     def __init__(self, url: str, detail: str):

@@ -35,6 +35,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from nemo_polar.errors import PolarError
+
 from .pinned import ENTRY_SCRIPT, GRPO_MODULE, NEMO_RL_COMMIT, ROLLOUTS_MODULE
 from .recipe import OverrideError, load_with_overrides
 from .schema import MasterConfigSchema, validate_recipe
@@ -47,7 +49,7 @@ RAY_SETUP_HOOK = "nemo_polar.credit.nemo_rl.patches.ray_worker_setup"
 OUR_GYM_DIRS = ("resources_servers/polar_swe", "responses_api_agents/polar_agent")
 
 
-class LaunchError(RuntimeError):
+class LaunchError(PolarError, RuntimeError):
     def __init__(self, message: str, code: int = 2):
         self.code = code
         super().__init__(message)

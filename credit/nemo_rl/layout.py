@@ -24,8 +24,10 @@ from typing import Any
 
 import torch
 
+from nemo_polar.errors import PolarError
 
-class LayoutError(ValueError):
+
+class LayoutError(PolarError, ValueError):
     """The batch is not in NeMo RL's message_log layout (missing key, wrong shapes, rows too long)."""
 
 

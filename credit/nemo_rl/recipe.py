@@ -25,10 +25,12 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from nemo_polar.errors import PolarError
+
 _FLOAT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?$")
 
 
-class OverrideError(ValueError):
+class OverrideError(PolarError, ValueError):
     """A command-line override does not apply (unknown key without `+`, `+` on an existing key, bad syntax)."""
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from nemo_polar.backend import config
 from nemo_polar.backend.config import ModelSpec
+from nemo_polar.errors import PolarError
 
 MANIFEST = "polar_model.json"
 _VENV_MARKER = ".complete"
@@ -33,7 +34,7 @@ _VENV_MARKER = ".complete"
 Log = Callable[[str], None]
 
 
-class PrepareError(RuntimeError):
+class PrepareError(PolarError, RuntimeError):
     """A step of `prepare` failed; the message names the step and ends with the tool's output."""
 
 

@@ -26,12 +26,13 @@ from types import TracebackType
 
 from nemo_polar.backend import config
 from nemo_polar.backend.build import is_prepared, read_manifest
+from nemo_polar.errors import PolarError
 
 HOST = "127.0.0.1"
 NOT_PREPARED = "backend not prepared: run `polar backend prepare`"
 
 
-class BackendError(RuntimeError):
+class BackendError(PolarError, RuntimeError):
     """A server could not be started or did not become healthy; the message ends with its log tail."""
 
 

@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """`polar collect`: run tasks × harnesses × samples through the rollout service and write a run directory.
 
-One process hosts what `polar serve` hosts — the rollout server (journal `RUN_DIR/rollout.sqlite`), one gateway
+One process hosts what `polar serve` hosts (assembled by `nemo_polar.rollout.stack`) — the rollout server (journal `RUN_DIR/rollout.sqlite`), one gateway
 node (staged pools; work dir `RUN_DIR`, so `sessions/<session_id>/` land there) and its model-API proxy (store
 `RUN_DIR/records.sqlite`) — in front of an upstream: `--upstream URL`, or the embedded vLLM-CPU backend started for
 the run. Tasks go in through `PolarClient`; each `SessionResult` is appended to `trajectories.jsonl` as it
-arrives. At the end `summary.json` is computed and CALL-CREDIT writes `credit.jsonl` (DESIGN §3).
+arrives. At the end `summary.json` is computed and CALL-CREDIT writes `credit.jsonl` (docs/run_directory.md).
 
 Resuming: a re-run with the same `--out` re-submits the same tasks (idempotent by task_id on the server), reads
 the finished results from the journal, and writes only the ones `trajectories.jsonl` does not have yet. Finished
@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import signal
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -29,10 +28,13 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from aiohttp import web
 
+from nemo_polar.errors import PolarError
+from nemo_polar.loading import load_object
 from nemo_polar.rollout.client import PolarClient, PolarClientError
 from nemo_polar.rollout.spec import TaskSpec, load_jsonl
+from nemo_polar.rollout.stack import StackConfig, start_stack
+from nemo_polar.rundir import ResultLog, RunDir, finished_session_ids
 from nemo_polar.types import SessionResult
 
 __all__ = [
@@ -50,9 +52,10 @@ log = logging.getLogger(__name__)
 
 LIVE_PLAN: dict[str, Any] = {"version": 1, "steps": [], "side": "live"}
 NODE_ID = "collect-0"
+CREDIT_STEP = "nemo_polar.credit.runio:credit_run_dir"  # (run_dir) -> RunCredit; writes credit.jsonl
 
 
-class CollectError(RuntimeError):
+class CollectError(PolarError, RuntimeError):
     """The run cannot start or go on (bad tasks, a different task set in RUN_DIR, a harness not installed)."""
 
 
@@ -158,13 +161,15 @@ def expand_tasks(
 
 @dataclass(frozen=True, slots=True)
 class Upstream:
-    """The model server behind the proxy. `model_dir` + `eot_token_ids` turn on prefix-preserving generation
-    (the proxy splices the chain's token ids itself: one exact chain per harness session on stock vLLM)."""
+    """The model server behind the proxy. `prefix_preserving` is the proxy's prefix-preserving mode (`splice`:
+    the proxy splices the chain's token ids itself, one exact chain per harness session on stock vLLM, and needs
+    `model_dir`; `nemo_rl`; None: off). Only an explicit mode turns it on; the embedded backend asks for `splice`."""
 
     url: str
     model: str
     model_dir: str | None = None
     eot_token_ids: tuple[int, ...] = ()
+    prefix_preserving: str | None = None
 
 
 @dataclass(slots=True)
@@ -176,7 +181,9 @@ class CollectOptions:
     init_workers: int = 2
     ready_buffer: int = 2
     postrun_workers: int = 2
+    sampling: dict[str, Any] = field(default_factory=dict)  # sampling the proxy enforces
     max_attempts: int = 4  # a sample cut by an interruption is re-dispatched; this bounds how often
+    node_timeout_s: float = 60.0  # the rollout server declares a silent gateway lost after this
     accept_threshold: float = 1.0
     credit: bool = True
     check_installed: bool = True
@@ -201,7 +208,7 @@ class CollectReport:
 
 def _check_task_file(out: Path, tasks: Sequence[TaskSpec]) -> None:
     """Write RUN_DIR/tasks.jsonl, or check that a resumed run asks for the same tasks."""
-    path = out / "tasks.jsonl"
+    path = RunDir(out).tasks
     body = b"".join(t.to_json() + b"\n" for t in tasks)
     if path.exists():
         old = {t.task_id: t for t in load_jsonl(path)}
@@ -213,45 +220,9 @@ def _check_task_file(out: Path, tasks: Sequence[TaskSpec]) -> None:
                 "arguments or choose a new --out"
             )
         return
-    tmp = out / ".tasks.jsonl.tmp"
+    tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(body)
     tmp.replace(path)
-
-
-def _finished(out: Path) -> set[str]:
-    """Session ids already in trajectories.jsonl; a torn last line (a kill mid-write) is cut off first."""
-    path = out / "trajectories.jsonl"
-    if not path.exists():
-        return set()
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        keep = data.rfind(b"\n") + 1
-        with open(path, "r+b") as f:
-            f.truncate(keep)
-        data = data[:keep]
-    done = set()
-    for line in data.splitlines():
-        if line.strip():
-            try:
-                done.add(str(orjson.loads(line)["session_id"]))
-            except (orjson.JSONDecodeError, KeyError, TypeError):
-                continue
-    return done
-
-
-class _ResultLog:
-    """Appends SessionResults to trajectories.jsonl, one line each, flushed and fsynced before it counts."""
-
-    def __init__(self, path: Path):
-        self._f = open(path, "ab")  # held for the run, closed in close()
-
-    def append(self, result: SessionResult) -> None:
-        self._f.write(result.to_json(compact=False) + b"\n")
-        self._f.flush()
-        os.fsync(self._f.fileno())
-
-    def close(self) -> None:
-        self._f.close()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -274,13 +245,6 @@ def _check_harnesses(tasks: Sequence[TaskSpec]) -> None:
         raise CollectError(f"harness(es) not installed: {', '.join(missing)}; run `polar harness install NAME`")
 
 
-async def _serve_app(app: web.Application) -> tuple[web.AppRunner, str]:
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    await web.TCPSite(runner, "127.0.0.1", 0).start()
-    return runner, f"http://127.0.0.1:{runner.addresses[0][1]}"
-
-
 ResultHook = Callable[[SessionResult, int], None]
 
 
@@ -297,49 +261,17 @@ async def _run_service(
     on_stages: Callable[[dict[str, int]], None] | None,
     stop: asyncio.Event,
 ) -> list[SessionResult]:
-    from nemo_polar.rollout.gateway import Gateway, GatewayConfig
-    from nemo_polar.rollout.proxylink import HostedProxy
-    from nemo_polar.rollout.server import RolloutServer, ServerConfig
-
-    out = opts.out
-    proxy: HostedProxy | None = None
-    if upstream is not None:
-        from nemo_polar.proxy.app import ProxyConfig
-
-        splice = upstream.model_dir is not None and bool(upstream.eot_token_ids)
-        proxy = await HostedProxy(
-            ProxyConfig(
-                upstreams=[upstream.url],
-                store_dir=str(out),
-                served_model=upstream.model,
-                prefix_preserving="splice" if splice else None,
-                model_dir=upstream.model_dir if splice else None,
-                eot_token_ids=list(upstream.eot_token_ids) if splice else None,
-            )
-        ).start()
-    server = RolloutServer(ServerConfig(journal_path=str(out / "rollout.sqlite"), max_attempts=opts.max_attempts))
-    runner, server_url = await _serve_app(server.make_app())
-    builder_options = {"eot_token_ids": list(upstream.eot_token_ids)} if upstream and upstream.eot_token_ids else {}
-    gw = Gateway(
-        GatewayConfig(
-            node_id=NODE_ID,
-            work_dir=str(out),
-            init_workers=opts.init_workers,
-            ready_buffer=opts.ready_buffer,
-            run_slots=opts.run_slots,
-            postrun_workers=opts.postrun_workers,
-            server_url=server_url,
-            heartbeat_s=0.5,
-            model=upstream.model if upstream else "polar",
-            builder_options=builder_options,
-        ),
-        proxy=proxy,
-    )
+    results_log = ResultLog(opts.out)
+    try:
+        stack = await start_stack(stack_config(opts, upstream))
+    except BaseException:
+        results_log.close()
+        raise
+    server_url, gw, proxy = stack.server_url, stack.gateway, stack.proxy
+    assert server_url is not None and gw is not None
     new: list[SessionResult] = []
-    results_log = _ResultLog(out / "trajectories.jsonl")
     watcher: asyncio.Task[None] | None = None
     try:
-        await gw.serve()
         if on_stages is not None:
             watcher = asyncio.create_task(_watch(gw, on_stages))
         async with PolarClient(server_url, poll_wait_s=5.0) as client:
@@ -385,11 +317,37 @@ async def _run_service(
             watcher.cancel()
             await asyncio.gather(watcher, return_exceptions=True)
         results_log.close()
-        await gw.close()  # stops the pools: running agents are killed with their process trees
-        await runner.cleanup()
-        if proxy is not None:
-            await proxy.stop()
+        await stack.close()  # the gateway first: its pools stop, running agents are killed with their process trees
     return new
+
+
+def stack_config(opts: CollectOptions, upstream: Upstream | None) -> StackConfig:
+    """The stack `polar collect` runs: rollout server, one gateway (`collect-0`, its run directory RUN_DIR itself)
+    and, with an upstream, its proxy; prefix-preserving generation only as `upstream.prefix_preserving` says."""
+    cfg: dict[str, Any] = {
+        "work_dir": str(opts.out),
+        "node_ids": [NODE_ID],
+        "max_attempts": opts.max_attempts,
+        "node_timeout_s": opts.node_timeout_s,
+        "init_workers": opts.init_workers,
+        "ready_buffer": opts.ready_buffer,
+        "run_slots": opts.run_slots,
+        "postrun_workers": opts.postrun_workers,
+        "heartbeat_s": 0.5,
+        "sampling": dict(opts.sampling),
+    }
+    if upstream is not None:
+        cfg.update(
+            upstreams=[upstream.url],
+            served_model=upstream.model,
+            prefix_preserving=upstream.prefix_preserving,
+            model_dir=upstream.model_dir,
+            eot_token_ids=list(upstream.eot_token_ids) or None,
+        )
+    try:
+        return StackConfig(**cfg)
+    except ValueError as exc:  # pydantic's ValidationError is a ValueError
+        raise CollectError(f"invalid service options: {exc}") from exc
 
 
 async def _upstream_guard(url: str, *, every_s: float = 2.0, failures: int = 3) -> None:
@@ -425,7 +383,8 @@ def _embedded(model: str) -> Iterator[Upstream]:
     if not is_prepared(model):
         raise CollectError(f"the embedded backend model {model!r} is not prepared: run `polar backend prepare`")
     with LocalVLLM(model) as llm:
-        yield Upstream(llm.base_url, llm.model, str(llm.model_dir), tuple(llm.eot_token_ids))
+        # stock vLLM whose model folder is known: the chain is spliced by the proxy (prefix-preserving)
+        yield Upstream(llm.base_url, llm.model, str(llm.model_dir), tuple(llm.eot_token_ids), "splice")
 
 
 async def _main(
@@ -474,8 +433,9 @@ def collect(
     out.mkdir(parents=True, exist_ok=True)
     if not tasks:
         raise CollectError("no tasks")
+    stack_config(opts, opts.upstream)  # bad service options fail before anything runs
     _check_task_file(out, tasks)
-    done = _finished(out)
+    done = finished_session_ids(out)
     total = sum(t.num_samples for t in tasks)
     report = CollectReport(out=out, total=total, finished_before=len(done))
     if on_start is not None:
@@ -510,7 +470,7 @@ def finalize(out: Path, opts: CollectOptions, report: CollectReport) -> dict[str
     from nemo_polar.collect.summary import write_summary
 
     extra: dict[str, Any] = {"run_dir": str(out.resolve()), "tasks": report.total}
-    prev = out / "summary.json"
+    prev = RunDir(out).summary
     if report.upstream is not None:
         up = report.upstream
         extra["model"] = {"url": up.url, "name": up.model, "model_dir": up.model_dir}
@@ -522,8 +482,8 @@ def finalize(out: Path, opts: CollectOptions, report: CollectReport) -> dict[str
     summary = write_summary(out, accept_threshold=opts.accept_threshold, extra=extra)
     if opts.credit and summary["total"]["attempts"]:
         try:
-            from nemo_polar.credit.runio import credit_run_dir
-
+            # CALL-CREDIT is a plug-in of the run directory, named by path: the core never imports `credit`
+            credit_run_dir = load_object(CREDIT_STEP, what="post-collect step")
             report.credit_summary = credit_run_dir(out).summary()
         except Exception as exc:  # the data is collected either way; credit can be re-run with `polar credit`
             log.exception("CALL-CREDIT failed on %s", out)

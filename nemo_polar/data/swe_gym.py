@@ -27,6 +27,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from nemo_polar.errors import PolarError
 from nemo_polar.rollout.spec import TaskSpec
 
 __all__ = [
@@ -47,7 +48,7 @@ SWE_GYM_WORKDIR = "/testbed"  # where SWE-Gym / SWE-bench images keep the reposi
 RuntimeKind = Literal["docker", "apptainer"]
 
 
-class SweGymError(ValueError):
+class SweGymError(PolarError, ValueError):
     """Input rows are invalid; `errors` lists every problem with its line number."""
 
     def __init__(self, errors: list[str]):

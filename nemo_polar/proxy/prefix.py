@@ -23,10 +23,12 @@ import json
 from pathlib import Path
 from typing import Any
 
+from nemo_polar.errors import PolarError
+
 __all__ = ["PrefixSplicer", "SpliceError"]
 
 
-class SpliceError(RuntimeError):
+class SpliceError(PolarError, RuntimeError):
     """The new request cannot be spliced onto the chain tip (the caller falls back to a normal generation)."""
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nemo_polar.errors import PlanError, PolarError
 from nemo_polar.proxy import plans
 from nemo_polar.proxy.store import RecordStore
 from nemo_polar.types import CallKind
@@ -31,17 +32,13 @@ _SAMPLING_KEYS = frozenset({"temperature", "top_p", "top_k", "max_tokens", "seed
 _STEP_KINDS = ("tool", "text", "live", "replay", "next_best")
 
 
-class SessionError(Exception):
+class SessionError(PolarError):
     """A session operation failed (unknown id, duplicate id, closed session, bad fields)."""
 
     def __init__(self, message: str, *, session_id: str | None = None, status: int = 400):
         super().__init__(message)
         self.session_id = session_id
         self.status = status
-
-
-class PlanError(ValueError):
-    """A plan does not follow DESIGN §3 "Plan"."""
 
 
 @dataclass(slots=True)

@@ -31,6 +31,7 @@ from typing import Any
 
 import orjson
 
+from nemo_polar.errors import PolarError
 from nemo_polar.types import CompletionRecord
 
 __all__ = ["DB_NAME", "RecordStore", "StoreClosed", "read_records"]
@@ -60,7 +61,7 @@ CREATE TABLE IF NOT EXISTS sessions (
 _STOP = object()
 
 
-class StoreClosed(RuntimeError):
+class StoreClosed(PolarError, RuntimeError):
     """A write was attempted on a closed store."""
 
 

@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from typing import cast
 from urllib.parse import urlsplit
 
+from nemo_polar.errors import PolarError
+
 __all__ = [
     "HTTPClient",
     "Target",
@@ -48,7 +50,7 @@ _PAUSE_AT = 4 * 1024 * 1024  # buffered, unread body bytes before the socket sto
 _SIZE, _DATA, _CRLF, _TRAILER = range(4)  # where a chunked body's parser is
 
 
-class UpstreamHTTPError(Exception):
+class UpstreamHTTPError(PolarError):
     """Base of this client's errors."""
 
 

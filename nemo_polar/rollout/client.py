@@ -7,7 +7,8 @@
             ...                                       # SessionResults, as they finish
 
 `results()` long-polls `GET /tasks/{id}/results?after=N`: each result crosses the wire once (no full
-re-download per poll), and a dropped connection resumes from the last index seen. Every request has a timeout.
+re-download per poll), and a dropped connection resumes from the last index seen. Every request has a timeout and
+carries the rollout service's shared secret (`secret=`, default `POLAR_ROLLOUT_SECRET(_FILE)`; see `auth.py`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from typing import Any
 import aiohttp
 import orjson
 
+from nemo_polar.errors import PolarError
+from nemo_polar.rollout.auth import auth_headers, resolve_secret
 from nemo_polar.rollout.retry import Backoff, retry
 from nemo_polar.rollout.spec import TaskSpec
 from nemo_polar.types import SessionResult
@@ -27,7 +30,7 @@ from nemo_polar.types import SessionResult
 __all__ = ["PolarClient", "PolarClientError"]
 
 
-class PolarClientError(RuntimeError):
+class PolarClientError(PolarError, RuntimeError):
     def __init__(self, status: int, body: str):
         super().__init__(f"rollout server answered {status}: {body[:1000]}")
         self.status = status
@@ -35,8 +38,11 @@ class PolarClientError(RuntimeError):
 
 
 class PolarClient:
-    def __init__(self, base_url: str, *, timeout_s: float = 30.0, poll_wait_s: float = 20.0):
+    def __init__(
+        self, base_url: str, *, timeout_s: float = 30.0, poll_wait_s: float = 20.0, secret: str | None = None
+    ):
         self.base_url = base_url.rstrip("/")
+        self._headers = auth_headers(secret if secret is not None else resolve_secret())
         self.timeout_s = timeout_s
         self.poll_wait_s = poll_wait_s
         self._http: aiohttp.ClientSession | None = None
@@ -62,7 +68,7 @@ class PolarClient:
             method,
             self.base_url + path,
             data=body,
-            headers={"Content-Type": "application/json"} if body is not None else None,
+            headers={**self._headers, "Content-Type": "application/json"} if body is not None else self._headers,
             timeout=aiohttp.ClientTimeout(total=self.timeout_s + extra_s),
         ) as resp:
             raw = await resp.read()

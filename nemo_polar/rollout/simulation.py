@@ -18,10 +18,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from nemo_polar.errors import PolarError
+
 __all__ = ["PlanStepError", "apply_step", "apply_steps", "main"]
 
 
-class PlanStepError(RuntimeError):
+class PlanStepError(PolarError, RuntimeError):
     """A harness-neutral step could not be applied (edit target not found, path escapes the workdir)."""
 
 

@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from nemo_polar.errors import PolarError
+
 __all__ = [
     "AgentSpec",
     "BuilderSpec",
@@ -38,7 +40,7 @@ __all__ = [
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,199}$")
 
 
-class TaskSpecError(ValueError):
+class TaskSpecError(PolarError, ValueError):
     """One or more tasks are invalid; `errors` lists every problem (with its line number when loading JSONL)."""
 
     def __init__(self, errors: list[str]):

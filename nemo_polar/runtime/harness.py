@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from nemo_polar.errors import PolarError
 from nemo_polar.harness_adapters import HarnessAdapter, HarnessContext
 from nemo_polar.harness_adapters.install import status as install_status
 from nemo_polar.runtime.sandbox import DEFAULT_PATH, Sandbox, SandboxResult, SandboxSpec
@@ -21,7 +22,7 @@ from nemo_polar.runtime.sandbox import DEFAULT_PATH, Sandbox, SandboxResult, San
 __all__ = ["HarnessNotInstalled", "base_env", "make_context", "run_harness", "write_home"]
 
 
-class HarnessNotInstalled(RuntimeError):
+class HarnessNotInstalled(PolarError, RuntimeError):
     """The adapter's pinned CLI is not in the cache (`polar harness install NAME`)."""
 
 

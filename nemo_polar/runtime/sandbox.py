@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from nemo_polar.errors import PolarError
+
 __all__ = [
     "AGENT_HOME",
     "AGENT_WORKDIR",
@@ -58,7 +60,7 @@ _CONNECT_TIMEOUT_S = 10.0
 _TERM_GRACE_S = 3.0
 
 
-class SandboxError(RuntimeError):
+class SandboxError(PolarError, RuntimeError):
     """The sandbox could not be set up (bubblewrap missing, bad paths)."""
 
 

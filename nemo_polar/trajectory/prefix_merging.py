@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from nemo_polar.errors import PolarError
 from nemo_polar.types import CallKind, ChainKind, CompletionRecord, SplitReason, Trace, Trajectory
 
 from .common import DROP, TRAIN, Tally, call_policy, finish_trajectory, trace_reward, usable_records
@@ -36,7 +37,7 @@ from .options import BuildOptions
 __all__ = ["FidelityError", "build_prefix_merging", "check_exact"]
 
 
-class FidelityError(AssertionError):
+class FidelityError(PolarError, AssertionError):
     """A merged trace violates the exact-fidelity invariant (a builder bug, never bad input)."""
 
 
