@@ -13,10 +13,11 @@
   its session itself, as a naive runner would.
 
 HTTP: `POST /sessions`, `DELETE /sessions/{id}`, `GET /sessions/{id}`, `GET /health`, `GET /metrics`
-(Prometheus text). With `server_url` the node registers with the rollout server and heartbeats the sessions it
-holds (admitted and not yet acknowledged), which is how a restarted server tells running sessions from lost ones.
-Finished results are journalled in `<work_dir>/outbox/` until the server acknowledges them, so a gateway restarted
-on the same work dir and node id re-sends them instead of losing them.
+(Prometheus text), each behind the rollout service's shared secret when one is set (`auth.py`). With `server_url` the
+node registers with the rollout server and heartbeats the sessions it holds (admitted and not yet acknowledged), which
+is how a restarted server tells running sessions from lost ones. Finished results are journalled in
+`<work_dir>/outbox/` until the server acknowledges them, so a gateway restarted on the same work dir and node id
+re-sends them instead of losing them.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from nemo_polar.rollout.auth import auth_headers, auth_middleware, check_bind, resolve_secret
 from nemo_polar.rollout.proxylink import ProxyLink
 from nemo_polar.rollout.retry import Backoff, retry
 from nemo_polar.rollout.spec import TaskSpec
@@ -65,6 +67,8 @@ class GatewayConfig:
     builder_options: dict[str, Any] = field(default_factory=dict)
     keep_runtimes: bool = False
     staged: bool = True
+    # the shared secret of the rollout service (auth.py): required of callers, sent to the rollout server
+    secret: str | None = field(default_factory=resolve_secret, repr=False)
 
     def check(self) -> None:
         for name in ("init_workers", "ready_buffer", "run_slots", "postrun_workers"):
@@ -201,7 +205,7 @@ class Gateway:
             await self.stop()
 
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[auth_middleware(self.config.secret)])
         app.cleanup_ctx.append(self._lifecycle)
         r = app.router
         r.add_post("/sessions", self._post_session)
@@ -212,7 +216,8 @@ class Gateway:
         return app
 
     async def serve(self, host: str = "127.0.0.1", port: int = 0) -> str:
-        """Serve the HTTP API in this event loop; returns the node's URL."""
+        """Serve the HTTP API in this event loop; returns the node's URL. A non-loopback `host` needs a secret."""
+        check_bind(host, self.config.secret, f"gateway {self.config.node_id}")
         self._runner = web.AppRunner(self.make_app(), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, host, port)
@@ -411,7 +416,7 @@ class Gateway:
         async with self._http.post(
             self.config.server_url.rstrip("/") + path,
             data=body,
-            headers={"Content-Type": "application/json"},
+            headers={"Content-Type": "application/json", **auth_headers(self.config.secret)},
             timeout=aiohttp.ClientTimeout(total=15),
         ) as resp:
             raw = await resp.read()

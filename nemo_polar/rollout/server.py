@@ -8,7 +8,7 @@ HTTP API (JSON; bad input → 4xx with `{"error": {"message", ...}}`, never a 50
   DELETE /tasks/{id}                 cancel: queued sessions dropped, dispatched ones cancelled on their node
   GET    /events[?task_id=]          server-sent events (task_submitted, session_dispatched, result, task_done, …)
   POST   /nodes/register, /nodes/{id}/heartbeat, /nodes/{id}/results    the gateway side
-  GET    /nodes, /health
+  GET    /nodes, /health          (every route: `Authorization: Bearer <secret>` when a secret is set, auth.py)
 
 Scheduling: queued sessions (priority, then submission order) go to the least-loaded live node (in-flight /
 capacity); a node's 429 backs it off for its Retry-After. Every decision is journalled (`journal.py`) before it
@@ -38,9 +38,11 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from nemo_polar.rollout.auth import auth_headers, auth_middleware, check_bind, resolve_secret
 from nemo_polar.rollout.journal import Journal, SessionRow
 from nemo_polar.rollout.retry import Backoff
 from nemo_polar.rollout.spec import TaskSpec
+from nemo_polar.rollout.task_options import option_errors
 from nemo_polar.types import EvalResult, SessionResult, TrajectoryStatus
 from nemo_polar.types import ValidationError as RecordValidationError
 
@@ -60,6 +62,7 @@ class ServerConfig:
     tick_s: float = 0.25
     request_timeout_s: float = 15.0
     callback_backoff: Backoff = field(default_factory=lambda: Backoff(attempts=12, base_s=0.5, cap_s=30.0))
+    secret: str | None = field(default_factory=resolve_secret, repr=False)  # auth.py; sent to gateways only
 
 
 @dataclass
@@ -129,7 +132,7 @@ class RolloutServer:
             self.j.close()
 
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024)
+        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[auth_middleware(self.config.secret)])
         app.cleanup_ctx.append(self._lifecycle)
         r = app.router
         r.add_post("/tasks", self._post_task)
@@ -206,6 +209,8 @@ class RolloutServer:
         except ValidationError as exc:
             errors = [f"{'.'.join(str(p) for p in e['loc']) or '<task>'}: {e['msg']}" for e in exc.errors()]
             return _error(400, "invalid task spec", errors=errors)
+        if errors := option_errors(task):  # options that do not fit the named builder / evaluator / harness
+            return _error(422, "invalid task options", errors=errors)
         spec = task.to_json()
         existing = self.j.get_task(task.task_id)
         if existing is not None:
@@ -299,9 +304,9 @@ class RolloutServer:
     async def _cancel_on_node(self, node: _Node, session_id: str) -> None:
         assert self._http is not None
         with contextlib.suppress(aiohttp.ClientError, TimeoutError):
-            async with self._http.delete(
-                f"{node.url}/sessions/{session_id}", timeout=aiohttp.ClientTimeout(total=self.config.request_timeout_s)
-            ):
+            timeout = aiohttp.ClientTimeout(total=self.config.request_timeout_s)
+            headers = auth_headers(self.config.secret)
+            async with self._http.delete(f"{node.url}/sessions/{session_id}", headers=headers, timeout=timeout):
                 pass
 
     def _finish_task(self, task_id: str, state: str) -> None:
@@ -537,7 +542,7 @@ class RolloutServer:
             async with self._http.post(
                 f"{node.url}/sessions",
                 data=body,
-                headers={"Content-Type": "application/json"},
+                headers={"Content-Type": "application/json", **auth_headers(self.config.secret)},
                 timeout=aiohttp.ClientTimeout(total=self.config.request_timeout_s),
             ) as resp:
                 if resp.status in (200, 201, 202):
@@ -594,6 +599,7 @@ class RolloutServer:
 
 
 def run(config: ServerConfig, *, host: str = "127.0.0.1", port: int = 8700) -> None:
-    """Serve until interrupted (`polar serve-rollout`)."""
+    """Serve until interrupted (`polar serve-rollout`); a non-loopback `host` needs `config.secret`."""
+    check_bind(host, config.secret, "the rollout server")
     Path(config.journal_path).parent.mkdir(parents=True, exist_ok=True)
     web.run_app(RolloutServer(config).make_app(), host=host, port=port, print=None)
