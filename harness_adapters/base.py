@@ -20,11 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar, Literal
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from nemo_polar.errors import PlanError
 from nemo_polar.types import CallKind
 
 __all__ = [
     "PROXY_ENV_VARS",
+    "AgentOptions",
     "HarnessAdapter",
     "HarnessContext",
     "McpServer",
@@ -135,6 +138,18 @@ def _step_field(step: Mapping[str, Any], kind: str, key: str) -> str:
     return str(body[key])
 
 
+class AgentOptions(BaseModel):
+    """`TaskSpec.agent.options` for a harness adapter (checked when a task is submitted; unknown keys are refused).
+    Each key feeds the `HarnessContext` field of the same name. An adapter with other options sets its own
+    `options_model`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command_line: str | None = Field(default=None, description="`shell` adapter: the command (`{instruction}`)")
+    max_turns: int | None = Field(default=None, ge=1, description="the CLI's own turn limit, where it has one")
+    provider_api: str | None = Field(default=None, description="the dialect, for CLIs that speak several")
+
+
 class HarnessAdapter:
     """Base of all adapters. Subclasses set the class attributes and override what differs.
 
@@ -156,6 +171,8 @@ class HarnessAdapter:
     # CALL-CREDIT hints: tool name -> role; shell tools are listed separately (their command decides the role)
     role_hints: ClassVar[Mapping[str, Role]] = {}
     env_unset: ClassVar[tuple[str, ...]] = PROXY_ENV_VARS
+    # the model `TaskSpec.agent.options` must fit (validated at submit)
+    options_model: ClassVar[type[BaseModel]] = AgentOptions
 
     # --- files and environment ------------------------------------------------------------------------------
 

@@ -5,12 +5,20 @@ Importing this package registers the built-in evaluators.
 """
 
 from nemo_polar.evaluators import command, session_completed, swe_tests
-from nemo_polar.evaluators.base import EvalContext, Evaluator, get_evaluator, register_evaluator, run_evaluator
+from nemo_polar.evaluators.base import (
+    EvalContext,
+    Evaluator,
+    evaluator_options_model,
+    get_evaluator,
+    register_evaluator,
+    run_evaluator,
+)
 
 __all__ = [
     "EvalContext",
     "Evaluator",
     "command",
+    "evaluator_options_model",
     "get_evaluator",
     "register_evaluator",
     "run_evaluator",

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel
+
 from nemo_polar.errors import LoadError
 from nemo_polar.loading import is_dotted_path, load_object
 from nemo_polar.types import EvalResult, Trajectory, ValidationError
@@ -30,6 +32,7 @@ __all__ = [
     "EvalContext",
     "Evaluator",
     "apply_trace_rewards",
+    "evaluator_options_model",
     "failure",
     "get_evaluator",
     "register_evaluator",
@@ -62,14 +65,28 @@ class EvalContext:
 Evaluator = Callable[[EvalContext], Awaitable[EvalResult]]
 
 _REGISTRY: dict[str, Evaluator] = {}
+OPTIONS_ATTR = "options_model"
+"""An evaluator function may carry a pydantic model of its `options` under this attribute."""
 
 
-def register_evaluator(name: str) -> Callable[[Evaluator], Evaluator]:
+def register_evaluator(name: str, *, options: type[BaseModel] | None = None) -> Callable[[Evaluator], Evaluator]:
+    """Register an evaluator under `name`; `options` is the pydantic model its `EvaluatorSpec.options` must fit
+    (checked when a task is submitted). A dotted-path evaluator declares one as its `options_model` attribute."""
+
     def deco(fn: Evaluator) -> Evaluator:
+        if options is not None:
+            setattr(fn, OPTIONS_ATTR, options)
         _REGISTRY[name] = fn
         return fn
 
     return deco
+
+
+def evaluator_options_model(name: str) -> type[BaseModel] | None:
+    """The options model the named evaluator declares (None: it declares none, its options are not checked).
+    Raises `LoadError` when the evaluator cannot be found."""
+    model = getattr(get_evaluator(name), OPTIONS_ATTR, None)
+    return model if isinstance(model, type) and issubclass(model, BaseModel) else None
 
 
 def get_evaluator(name: str) -> Evaluator:

@@ -11,12 +11,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from nemo_polar.evaluators.base import EvalContext, failure, register_evaluator
 from nemo_polar.evaluators.patching import apply_diff
 from nemo_polar.types import EvalResult
 
 
-@register_evaluator("command")
+class CommandOptions(BaseModel):
+    """`command` options (the keys above), checked when a task is submitted."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    command: str | list[str] = Field(min_length=1)
+    reward_file: str | None = None
+    fresh: bool = False
+    timeout_s: float = Field(default=300.0, gt=0)
+
+
+@register_evaluator("command", options=CommandOptions)
 async def command(ctx: EvalContext) -> EvalResult:
     opts: dict[str, Any] = dict(ctx.options)
     cmd = opts.get("command")

@@ -21,11 +21,13 @@ import re
 import shlex
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
 from nemo_polar.evaluators.base import EvalContext, failure, register_evaluator
 from nemo_polar.evaluators.patching import apply_diff
 from nemo_polar.types import EvalResult
 
-__all__ = ["PASSING", "parse_pytest_summary", "swe_tests"]
+__all__ = ["PASSING", "SweTestsOptions", "parse_pytest_summary", "swe_tests"]
 
 PASSING = frozenset({"PASSED", "XFAIL"})
 _LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(.*)$")
@@ -61,7 +63,25 @@ def _outcome(node: str, results: dict[str, str]) -> str:
     return "MISSING"
 
 
-@register_evaluator("swe_tests")
+class SweTestsOptions(BaseModel):
+    """`swe_tests` options (the keys above), checked when a task is submitted."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    FAIL_TO_PASS: list[str] = Field(default_factory=list)
+    PASS_TO_PASS: list[str] = Field(default_factory=list)
+    test_command: str = "python -m pytest"
+    timeout_s: float = Field(default=600.0, gt=0)
+    restore_tests: bool = True
+
+    @model_validator(mode="after")
+    def _some_tests(self) -> SweTestsOptions:
+        if not self.FAIL_TO_PASS and not self.PASS_TO_PASS:
+            raise ValueError("swe_tests needs FAIL_TO_PASS and/or PASS_TO_PASS")
+        return self
+
+
+@register_evaluator("swe_tests", options=SweTestsOptions)
 async def swe_tests(ctx: EvalContext) -> EvalResult:
     opts: dict[str, Any] = dict(ctx.options)
     f2p = [str(t) for t in opts.get("FAIL_TO_PASS", [])]

@@ -1,9 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`TaskSpec`: one rollout task (DESIGN §3), its session spec, and JSONL load/dump that reports every error.
+"""`TaskSpec`: one rollout task (docs/contracts.md), its session spec, and JSONL load/dump that reports every error.
 
 A task asks for `num_samples` sessions of one agent on one runtime; each session runs INIT (runtime + ordered
 prepare actions), RUN (the agent, optionally driven by a per-sample plan), POSTRUN (trajectory builder, evaluator,
-post-run hooks). This module only validates and serialises; it runs nothing.
+post-run hooks). The option blocks of the agent, builder and evaluator are free-form here and checked against what
+they name by `task_options` (at submit and in `parse_tasks`). This module only validates and serialises; it runs
+nothing.
 """
 
 from __future__ import annotations
@@ -242,7 +244,10 @@ def _format(exc: ValidationError) -> list[str]:
 
 
 def parse_tasks(items: Iterable[tuple[str, Any]]) -> list[TaskSpec]:
-    """Validate `(where, data)` pairs; raise `TaskSpecError` with every error (and duplicate ids) at once."""
+    """Validate `(where, data)` pairs, option blocks included (`task_options`); raise `TaskSpecError` with every
+    error (and duplicate ids) at once."""
+    from nemo_polar.rollout.task_options import option_errors
+
     tasks: list[TaskSpec] = []
     errors: list[str] = []
     seen: dict[str, str] = {}
@@ -251,6 +256,9 @@ def parse_tasks(items: Iterable[tuple[str, Any]]) -> list[TaskSpec]:
             task = TaskSpec.model_validate(data)
         except ValidationError as exc:
             errors.extend(f"{where}: {msg}" for msg in _format(exc))
+            continue
+        if bad_options := option_errors(task):
+            errors.extend(f"{where}: {msg}" for msg in bad_options)
             continue
         if task.task_id in seen:
             errors.append(f"{where}: duplicate task_id {task.task_id!r} (first at {seen[task.task_id]})")

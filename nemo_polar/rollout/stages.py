@@ -33,6 +33,7 @@ from nemo_polar.loading import load_object
 from nemo_polar.rollout.retry import Backoff, retry
 from nemo_polar.rollout.runtime import Runtime, RuntimeSetupError, create_runtime
 from nemo_polar.rollout.spec import ExecAction, TaskSpec, UploadDirAction, UploadFileAction
+from nemo_polar.rollout.task_options import SIMULATION
 from nemo_polar.types import CompletionRecord, EvalResult, SessionResult, Trajectory, TrajectoryStatus
 
 if TYPE_CHECKING:
@@ -41,8 +42,6 @@ if TYPE_CHECKING:
 __all__ = ["SIMULATION", "Job", "SessionWork"]
 
 log = logging.getLogger(__name__)
-
-SIMULATION = "simulation"
 
 
 class PrepareActionError(PolarError, RuntimeError):
