@@ -43,7 +43,6 @@ from nemo_polar.rollout.journal import Journal, SessionRow
 from nemo_polar.rollout.retry import Backoff
 from nemo_polar.rollout.spec import TaskSpec
 from nemo_polar.rollout.task_options import option_errors
-from nemo_polar.rollout.task_options import option_errors
 from nemo_polar.types import EvalResult, SessionResult, TrajectoryStatus
 from nemo_polar.types import ValidationError as RecordValidationError
 
@@ -210,8 +209,6 @@ class RolloutServer:
         except ValidationError as exc:
             errors = [f"{'.'.join(str(p) for p in e['loc']) or '<task>'}: {e['msg']}" for e in exc.errors()]
             return _error(400, "invalid task spec", errors=errors)
-        if errors := option_errors(task):  # options that do not fit the named builder / evaluator / harness
-            return _error(422, "invalid task options", errors=errors)
         if errors := option_errors(task):  # options that do not fit the named builder / evaluator / harness
             return _error(422, "invalid task options", errors=errors)
         spec = task.to_json()
