@@ -13,6 +13,7 @@ TASKS is a TaskSpec JSONL file or `example:NAME[,NAME…]`. Without `--upstream`
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -36,11 +37,22 @@ def register(subparsers: Any) -> None:
     p.add_argument("--model", default=None, help="served model name at --upstream (default: tiny-qwen3)")
     p.add_argument("--model-dir", default=None, help="the upstream model's folder: prefix-preserving generation")
     p.add_argument("--eot-token-ids", default=None, help="comma-separated end-of-turn ids (with --model-dir)")
+    p.add_argument(
+        "--prefix-preserving",
+        choices=("splice", "nemo_rl", "off"),
+        default=None,
+        help="prefix-preserving generation (default: splice with the embedded backend, or when --model-dir and "
+        "--eot-token-ids are given; else off)",
+    )
+    p.add_argument("--sampling", default=None, help='sampling the proxy enforces, JSON (e.g. {"temperature": 1})')
     p.add_argument("--embedded-model", default="tiny-qwen3", help="embedded backend model when no --upstream")
     p.add_argument("--plans", default="live", help="for example: tasks, one plan per sample: fix_plan,noop_plan,live")
     p.add_argument("--run-slots", type=int, default=2, help="concurrent agent sessions")
     p.add_argument("--init-workers", type=int, default=2)
+    p.add_argument("--ready-buffer", type=int, default=2)
+    p.add_argument("--postrun-workers", type=int, default=2)
     p.add_argument("--max-attempts", type=int, default=4, help="attempts per sample cut by interruptions")
+    p.add_argument("--node-timeout-s", type=float, default=60.0, help="gateway loss timeout of the rollout server")
     p.add_argument("--accept-threshold", type=float, default=1.0, help="reward counted as accepted")
     p.add_argument("--no-credit", action="store_true", help="skip CALL-CREDIT (credit.jsonl)")
     p.add_argument("--report", action="store_true", help="also write RUN_DIR/report.html")
@@ -74,11 +86,15 @@ def register(subparsers: Any) -> None:
 
 def _upstream(args: argparse.Namespace) -> Any:
     from nemo_polar.collect.collect import Upstream
+    from nemo_polar.rollout.stack import parse_eot
 
     if not args.upstream:
         return None
-    eot = tuple(int(x) for x in args.eot_token_ids.split(",")) if args.eot_token_ids else ()
-    return Upstream(args.upstream, args.model or "tiny-qwen3", args.model_dir, eot)
+    eot = tuple(parse_eot(args.eot_token_ids) or ())
+    mode = args.prefix_preserving
+    if mode is None:  # collect's default: splice when the model folder and end-of-turn ids are known
+        mode = "splice" if args.model_dir and eot else "off"
+    return Upstream(args.upstream, args.model or "tiny-qwen3", args.model_dir, eot, None if mode == "off" else mode)
 
 
 def run_collect(args: argparse.Namespace) -> int:
@@ -97,12 +113,25 @@ def run_collect(args: argparse.Namespace) -> int:
     except (CollectError, TaskSpecError) as exc:
         console.print(f"polar collect: {exc}")
         return 2
+    try:
+        sampling = json.loads(args.sampling) if args.sampling else {}
+        upstream = _upstream(args)
+    except ValueError as exc:  # a bad --sampling (JSON) or --eot-token-ids (integers)
+        console.print(f"polar collect: {exc}")
+        return 2
+    if not isinstance(sampling, dict):
+        console.print("polar collect: --sampling must be a JSON object")
+        return 2
     opts = CollectOptions(
         out=args.out,
-        upstream=_upstream(args),
+        upstream=upstream,
         embedded_model=args.embedded_model,
         run_slots=args.run_slots,
         init_workers=args.init_workers,
+        ready_buffer=args.ready_buffer,
+        postrun_workers=args.postrun_workers,
+        node_timeout_s=args.node_timeout_s,
+        sampling=sampling,
         max_attempts=args.max_attempts,
         accept_threshold=args.accept_threshold,
         credit=not args.no_credit,

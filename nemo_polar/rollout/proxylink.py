@@ -2,8 +2,9 @@
 """How a gateway talks to its model-API proxy: create a session, then fetch its records and close it.
 
 `ProxyLink` is the small protocol the gateway uses; `HostedProxy` runs the real proxy (`nemo_polar.proxy.app.Proxy`)
-inside the gateway process on its own loopback port (the gateway "hosts the proxy": DESIGN §7), using its Python
-API so the harness adapter's request classifier is handed over as a callable.
+inside the gateway process on its own loopback port (the gateway "hosts the proxy": docs/architecture.md), using its
+Python API so the harness adapter's request classifier is handed over as a callable. `nemo_polar.rollout.stack`
+creates them (one per gateway node).
 
 This module does no agent work and no scheduling.
 """
@@ -19,7 +20,7 @@ from aiohttp import web
 
 from nemo_polar.types import CompletionRecord
 
-__all__ = ["HostedProxy", "ProxyLink", "ProxySession", "start_hosted_proxy"]
+__all__ = ["HostedProxy", "ProxyLink", "ProxySession"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,14 +120,3 @@ class HostedProxy:
             if len(page) < 1000:
                 return out
             after = page[-1].seq
-
-
-async def start_hosted_proxy(upstreams: list[str], *, store_dir: str, model: str | None) -> HostedProxy | None:
-    """The gateway's hosted proxy in front of `upstreams` (vLLM base URLs), or None without any (simulation only).
-    Its `records.sqlite` goes into `store_dir`, the gateway's run directory (DESIGN §3)."""
-    if not upstreams:
-        return None
-    from nemo_polar.proxy.app import ProxyConfig
-
-    cfg = ProxyConfig(upstreams=list(upstreams), store_dir=store_dir, served_model=model)
-    return await HostedProxy(cfg).start()

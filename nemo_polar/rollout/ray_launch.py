@@ -7,8 +7,10 @@ gateway started by hand on another host still joins by URL. The actors reserve n
 (`num_cpus=0`): they serve HTTP and run agents as subprocesses, they are not compute tasks, and a trainer's
 placement groups keep the cluster's CPUs. Every address is the `host` given (127.0.0.1 by default).
 
-`ray` is imported lazily (the `nemo-polar[ray]` extra); connecting to a cluster (`ray.init`) is the caller's job.
-This module places, waits for and stops actors; it schedules nothing itself.
+Each actor runs its part through `nemo_polar.rollout.stack.start_stack` (one `StackConfig` split into a server-only
+stack and one single-gateway stack per node), so every stack option, prefix-preserving generation included, reaches
+the actors. `ray` is imported lazily (the `nemo-polar[ray]` extra); connecting to a cluster (`ray.init`) is the
+caller's job. This module places, waits for and stops actors; it schedules nothing itself.
 """
 
 from __future__ import annotations
@@ -16,78 +18,46 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
+from nemo_polar.rollout.stack import Stack, StackConfig, start_stack
 
-from nemo_polar.rollout.gateway import Gateway, GatewayConfig
-from nemo_polar.rollout.proxylink import HostedProxy, start_hosted_proxy
-from nemo_polar.rollout.server import RolloutServer, ServerConfig
-
-__all__ = ["GatewayActor", "LaunchSpec", "Launched", "RolloutServerActor", "launch", "stop"]
+__all__ = ["GatewayActor", "Launched", "RolloutServerActor", "launch", "stop"]
 
 _START_TIMEOUT_S = 120.0  # an actor's process starts cold (imports) on a loaded machine
 _REGISTER_TIMEOUT_S = 60.0
 _STOP_TIMEOUT_S = 60.0
 
 
-class RolloutServerActor:
-    """The rollout server (`RolloutServer`) inside a Ray actor."""
+class _StackActor:
+    """One part of the stack (`rollout.stack.start_stack`) inside a Ray actor."""
 
     def __init__(self) -> None:
-        self._runner: web.AppRunner | None = None
-
-    async def start(self, journal_path: str, host: str, port: int) -> str:
-        Path(journal_path).parent.mkdir(parents=True, exist_ok=True)
-        self._runner = web.AppRunner(
-            RolloutServer(ServerConfig(journal_path=journal_path)).make_app(), access_log=None
-        )
-        await self._runner.setup()
-        await web.TCPSite(self._runner, host, port).start()
-        return f"http://{host}:{self._runner.addresses[0][1]}"
+        self._stack: Stack | None = None
 
     async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+        if self._stack is not None:
+            await self._stack.close()
+            self._stack = None
 
 
-class GatewayActor:
-    """One gateway node (`Gateway`, with its hosted proxy when given upstreams) inside a Ray actor."""
+class RolloutServerActor(_StackActor):
+    """The rollout server alone (a stack with no gateway)."""
 
-    def __init__(self) -> None:
-        self._gateway: Gateway | None = None
-        self._proxy: HostedProxy | None = None
-
-    async def start(self, config: dict[str, Any], host: str, upstreams: list[str], model: str | None) -> str:
-        cfg = GatewayConfig(**config)
-        self._proxy = await start_hosted_proxy(upstreams, store_dir=cfg.work_dir, model=model)
-        self._gateway = Gateway(cfg, proxy=self._proxy)
-        return await self._gateway.serve(host, 0)
-
-    async def stop(self) -> None:
-        if self._gateway is not None:
-            await self._gateway.close()
-            self._gateway = None
-        if self._proxy is not None:
-            await self._proxy.stop()
-            self._proxy = None
+    async def start(self, config: dict[str, Any]) -> str:
+        self._stack = await start_stack(StackConfig(**config))
+        assert self._stack.server_url is not None
+        return self._stack.server_url
 
 
-@dataclass(frozen=True, slots=True)
-class LaunchSpec:
-    """What to launch. `gateway` holds the `GatewayConfig` knobs shared by every node (pools, model, builder
-    options); each node gets its own `node-<i>` id and `<work_dir>/node-<i>` run directory."""
+class GatewayActor(_StackActor):
+    """One gateway node, with its hosted proxy when the config names upstreams, registering with the server."""
 
-    gateways: int = 1
-    host: str = "127.0.0.1"
-    port: int = 8700
-    work_dir: str = "polar-run"
-    gateway: GatewayConfig = field(default_factory=GatewayConfig)
-    upstreams: tuple[str, ...] = ()
-    model: str | None = None
+    async def start(self, config: dict[str, Any]) -> str:
+        self._stack = await start_stack(StackConfig(**config))
+        return self._stack.gateway_urls[0]
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,32 +84,50 @@ def _wait_registered(server_url: str, node_ids: set[str], timeout_s: float) -> N
         time.sleep(0.2)
 
 
-def launch(spec: LaunchSpec) -> Launched:
-    """Start the server actor, then `spec.gateways` gateway actors registering with it; returns once all have
+def split(config: StackConfig) -> tuple[StackConfig, list[StackConfig]]:
+    """`config` as one server-only stack and one single-gateway stack per node (`<work_dir>/<node_id>`, joining the
+    server by URL: `server_url` is filled in by `launch`). Paths are made absolute: actors do not share the driver's
+    working directory."""
+    work = Path(config.work_dir).absolute()
+    base = config.model_dump()
+    base["work_dir"] = str(work)
+    server = StackConfig(**{**base, "upstreams": [], "gateways": 0, "node_ids": []})
+    nodes = [
+        StackConfig(
+            **{
+                **base,
+                "work_dir": str(work / node_id),
+                "serve_rollout": False,
+                "gateways": 1,
+                "node_ids": [node_id],
+                "gateway_port": 0,
+                "journal_path": None,
+            }
+        )
+        for node_id in config.node_ids
+    ]
+    return server, nodes
+
+
+def launch(config: StackConfig) -> Launched:
+    """Start the server actor, then `config.gateways` gateway actors registering with it; returns once all have
     registered. On any failure the actors started so far are killed before the error propagates."""
     import ray
 
-    if spec.gateways < 1:
+    if config.gateways < 1:
         raise ValueError("gateways must be >= 1")
-    work = Path(spec.work_dir).absolute()  # actors do not share the driver's working directory
+    server_cfg, node_cfgs = split(config)
     server: Any = ray.remote(num_cpus=0)(RolloutServerActor).remote()
     gateways: list[Any] = []
     try:
-        server_url: str = ray.get(
-            server.start.remote(str(work / "rollout.sqlite"), spec.host, spec.port), timeout=_START_TIMEOUT_S
-        )
-        node_ids = [f"node-{i}" for i in range(spec.gateways)]
-        configs = [
-            asdict(replace(spec.gateway, node_id=n, work_dir=str(work / n), server_url=server_url, public_url=None))
-            for n in node_ids
-        ]
-        gateways = [ray.remote(num_cpus=0)(GatewayActor).remote() for _ in node_ids]
+        server_url: str = ray.get(server.start.remote(server_cfg.model_dump()), timeout=_START_TIMEOUT_S)
+        gateways = [ray.remote(num_cpus=0)(GatewayActor).remote() for _ in node_cfgs]
         refs = [
-            g.start.remote(c, spec.host, list(spec.upstreams), spec.model)
-            for g, c in zip(gateways, configs, strict=True)
+            g.start.remote({**c.model_dump(), "server_url": server_url})
+            for g, c in zip(gateways, node_cfgs, strict=True)
         ]
         urls = ray.get(refs, timeout=_START_TIMEOUT_S)
-        _wait_registered(server_url, set(node_ids), _REGISTER_TIMEOUT_S)
+        _wait_registered(server_url, set(config.node_ids), _REGISTER_TIMEOUT_S)
     except BaseException:
         for actor in [*gateways, server]:
             ray.kill(actor)

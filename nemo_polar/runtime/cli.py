@@ -18,6 +18,9 @@ import sys
 from pathlib import Path
 
 from nemo_polar.harness_adapters import BUILTIN
+from nemo_polar.rollout.stack import add_stack_flags, config_from_args
+
+PROXY_PASSTHROUGH = ("prefix_preserving", "model_dir", "eot_token_ids", "sampling")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -28,6 +31,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if out.exists() and any(out.iterdir()):
         print(f"--out {out} exists and is not empty", file=sys.stderr)
         return 2
+    proxy_options = config_from_args(args, upstreams=[args.upstream], serve_rollout=False, gateways=0)
     out.mkdir(parents=True, exist_ok=True)
     run = asyncio.run(
         run_session(
@@ -42,6 +46,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
             timeout_s=args.timeout_s,
             provider_api=args.provider_api,
             command_line=args.command_line,
+            served_model=proxy_options.served_model,
+            proxy_options={k: getattr(proxy_options, k) for k in PROXY_PASSTHROUGH},
         )
     )
     print(json.dumps({"out": str(run.out), "exit_code": run.exit_code, "records": run.records,
@@ -68,4 +74,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--provider-api", help="pi/opencode: which provider API the CLI speaks")
     p.add_argument("--command-line", help="--harness shell: the command to run ({instruction} is substituted)")
     p.add_argument("--timeout-s", type=float, default=1800.0)
+    p.add_argument("--served-model", dest="served_model", default=None, help="the upstream's served model name")
+    # the proxy's other stack options (prefix-preserving generation, sampling): the flags every stack CLI has
+    add_stack_flags(p, ("proxy",), skip=("upstreams", "served_model"))
     p.set_defaults(func=_cmd_run)

@@ -1,14 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
-"""One harness session through an embedded proxy, written as a run directory (DESIGN §3).
+"""One harness session through an embedded proxy, written as a run directory (docs/run_directory.md).
 
-`run_session` starts the proxy on loopback in front of `upstream` (its store is the run directory's
-`records.sqlite`), creates a session whose plan (harness-neutral steps resolved through the adapter) and request
-classifier come from the harness adapter, runs the CLI in the bubblewrap sandbox, then builds the trajectory and
-writes `trajectories.jsonl`, `summary.json` and `sessions/<session_id>/` (harness stdout/stderr, the connect
-trace, the workdir diff when the workdir is a git repository). The summary counts the calls that got a model
-answer and those that failed, with the first failure's recorded error; `SessionRun.failure` says why a session did
-not do its job (the harness failed or timed out, or never got a model answer). It does not evaluate or assign
-credit.
+`run_session` starts the proxy (a stack of one standalone proxy: `nemo_polar.rollout.stack`) on loopback in front of
+`upstream` (its store is the run directory's `records.sqlite`), creates a session whose plan (harness-neutral steps
+resolved through the adapter) and request classifier come from the harness adapter, runs the CLI in the bubblewrap
+sandbox, then builds the trajectory and writes `trajectories.jsonl`, `summary.json` and `sessions/<session_id>/`
+(harness stdout/stderr, the connect trace, the workdir diff when the workdir is a git repository). The summary
+counts the calls that got a model answer and those that failed, with the first failure's recorded error;
+`SessionRun.failure` says why a session did not do its job (the harness failed or timed out, or never got a model
+answer). It does not evaluate or assign credit.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ import subprocess
 import time
 import uuid
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiohttp import web
-
 from nemo_polar.harness_adapters import HarnessAdapter, get_adapter, resolve_plan
-from nemo_polar.proxy.app import Proxy, ProxyConfig
+from nemo_polar.rollout.stack import StackConfig, start_stack
+from nemo_polar.rundir import RunDir
 from nemo_polar.runtime.harness import make_context, run_harness
 from nemo_polar.runtime.sandbox import AGENT_HOME, AGENT_WORKDIR
 from nemo_polar.trajectory.export import traces_to_jsonl
@@ -74,9 +74,9 @@ def _error_text(error: dict[str, Any] | None) -> str:
 def _layout(out: Path, workdir: Path, session_id: str) -> tuple[Path, Path, Path, Path]:
     """Resolved run directory and workdir, the session's directory and its private HOME (created)."""
     out, workdir = out.resolve(), workdir.resolve()
-    sdir = out / "sessions" / session_id
-    (sdir / "home").mkdir(parents=True)
-    return out, workdir, sdir, sdir / "home"
+    sdir = RunDir(out).session(session_id)
+    sdir.home.mkdir(parents=True)
+    return out, workdir, sdir.root, sdir.home
 
 
 def _git_diff(workdir: Path) -> str | None:
@@ -102,18 +102,25 @@ async def run_session(
     timeout_s: float = 1800.0,
     provider_api: str | None = None,
     command_line: str | None = None,
+    proxy_options: Mapping[str, Any] | None = None,
 ) -> SessionRun:
+    """`proxy_options`: further proxy options of the stack (`prefix_preserving`, `model_dir`, `eot_token_ids`,
+    `sampling`: see `nemo_polar.rollout.stack.StackConfig`)."""
     adapter = get_adapter(harness) if isinstance(harness, str) else harness
+    stack_cfg = StackConfig(
+        work_dir=str(out),
+        upstreams=[upstream],
+        served_model=served_model,
+        serve_rollout=False,
+        gateways=0,
+        **dict(proxy_options or {}),
+    )
     session_id = uuid.uuid4().hex
     out, workdir, sdir, home = _layout(out, workdir, session_id)
-    proxy = Proxy(ProxyConfig(upstreams=[upstream], store_dir=str(out), served_model=served_model))
-    runner = web.AppRunner(proxy.make_app(), access_log=None)
-    await runner.setup()
+    stack = await start_stack(stack_cfg)  # a standalone proxy: no rollout server, no gateway
     try:
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = runner.addresses[0][1]
-        proxy.base_url = f"http://127.0.0.1:{port}"
+        assert stack.proxy is not None
+        proxy = stack.proxy.proxy
         # the CLI sees its workdir and HOME at the sandbox's fixed paths (prompts name no host directory)
         ctx_args: dict[str, Any] = {
             "model": model,
@@ -138,13 +145,14 @@ async def run_session(
         duration_s = time.time() - started
         records = sorted(proxy.store.list_records(session_id, limit=1_000_000), key=lambda r: r.seq)
     finally:
-        await runner.cleanup()
+        await stack.close()
     trajectory = build(records, builder=builder)
-    (out / "trajectories.jsonl").write_bytes(traces_to_jsonl(trajectory))
-    (sdir / "connect.jsonl").write_text("".join(json.dumps(e) + "\n" for e in result.connections))
+    rd = RunDir(out)
+    rd.trajectories.write_bytes(traces_to_jsonl(trajectory))
+    rd.session(session_id).connect.write_text("".join(json.dumps(e) + "\n" for e in result.connections))
     diff = _git_diff(workdir)
     if diff is not None:
-        (sdir / "workdir.diff").write_text(diff)
+        rd.session(session_id).workdir_diff.write_text(diff)
     failed = [r for r in records if r.error is not None]
     run = SessionRun(
         session_id=session_id,
@@ -179,5 +187,5 @@ async def run_session(
         "status": trajectory.status,
         "connect_destinations": run.destinations,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    rd.summary.write_text(json.dumps(summary, indent=2) + "\n")
     return run

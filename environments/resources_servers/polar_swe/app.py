@@ -20,7 +20,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, HTTPException
 from nemo_gym.base_resources_server import (
@@ -39,7 +39,7 @@ from nemo_gym.verifier_fixture import VerifierFixture
 from pydantic import ConfigDict, Field, PrivateAttr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # siblings, however Gym or a test imports this file
-from polar_stack import PolarStack, StackConfig, UpstreamMismatch
+from polar_stack import PolarStack, UpstreamMismatch, stack_config
 
 from nemo_polar.evaluators import EvalContext, run_evaluator
 from nemo_polar.evaluators.base import failure
@@ -55,7 +55,9 @@ class PolarSweResourcesServerConfig(BaseResourcesServerConfig):
     work_dir: str | None = Field(default=None, description="run directory (default: the cache dir, per process)")
     upstream_urls: list[str] = Field(default_factory=list, description="vLLM base URLs; empty: from the first seed")
     served_model: str | None = None
-    prefix_preserving: str | None = Field(default=None, description="None | splice (stock vLLM) | nemo_rl")
+    prefix_preserving: Literal["splice", "nemo_rl"] | None = Field(
+        default=None, description="None | splice (stock vLLM; needs model_dir) | nemo_rl"
+    )
     model_dir: str | None = Field(default=None, description="model directory (tokenizer + chat template) for splice")
     eot_token_ids: list[int] | None = None
     sampling: dict[str, Any] = Field(default_factory=dict, description="sampling the proxy enforces")
@@ -63,6 +65,9 @@ class PolarSweResourcesServerConfig(BaseResourcesServerConfig):
     ready_buffer: int = 2
     run_slots: int = 2
     postrun_workers: int = 2
+    gateways: int = Field(default=1, ge=1, description="gateway nodes in this process (several: work_dir/<node>/)")
+    max_attempts: int = Field(default=2, ge=1, description="attempts per sample the rollout server dispatches")
+    node_timeout_s: float = Field(default=300.0, gt=0, description="a gateway silent this long is declared lost")
     verify_timeout_s: float = 600.0
 
 
@@ -176,21 +181,7 @@ class PolarSweResourcesServer(PolarSweVerifier, SimpleResourcesServer):
     def stack(self) -> PolarStack:
         if self._stack is None:
             c = self.config
-            self._stack = PolarStack(
-                StackConfig(
-                    work_dir=c.work_dir or _default_work_dir(c.name),
-                    upstream_urls=list(c.upstream_urls),
-                    served_model=c.served_model,
-                    prefix_preserving=c.prefix_preserving,
-                    model_dir=c.model_dir,
-                    eot_token_ids=c.eot_token_ids,
-                    sampling=dict(c.sampling),
-                    init_workers=c.init_workers,
-                    ready_buffer=c.ready_buffer,
-                    run_slots=c.run_slots,
-                    postrun_workers=c.postrun_workers,
-                )
-            )
+            self._stack = PolarStack(stack_config(c.work_dir or _default_work_dir(c.name), c.model_dump()))
         return self._stack
 
     def verify_timeout_s(self) -> float:
