@@ -135,6 +135,19 @@ class ChatResult:
             ],
         }
 
+    def as_events(self) -> list[StreamEvent]:
+        """The whole answer as stream events (a forced, replayed or non-streamed answer sent to a streaming client)."""
+        out: list[StreamEvent] = []
+        if self.reasoning:
+            out.append(StreamEvent("reasoning", text=self.reasoning))
+        if self.content:
+            out.append(StreamEvent("text", text=self.content))
+        for i, tc in enumerate(self.tool_calls):
+            out.append(StreamEvent("tool_call", index=i, id=tc.id, name=tc.name))
+            if tc.arguments:
+                out.append(StreamEvent("tool_args", index=i, text=tc.arguments))
+        return out
+
 
 @dataclass(slots=True)
 class StreamEvent:

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from nemo_polar.proxy.app import _coalesce
 from nemo_polar.proxy.engines.base import EngineCall, Generation, UpstreamError, Upstreams
 from nemo_polar.proxy.engines.vllm import VLLMEngine
 from nemo_polar.proxy.normalized import ChatRequest, Sampling, StreamEvent
+from nemo_polar.proxy.streaming import coalesce as _coalesce
 
 
 def _sse(n: int, *, crlf: bool = False, final_newline: bool = True) -> bytes:

@@ -1,9 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""One module per provider dialect (parse → normalise → render response → render stream → errors), and a registry.
+"""One module per provider dialect (parse → normalise → render response → render stream → errors), and THE registry.
 
+The registry is the only place that maps a request to a dialect, for the server and the tests alike:
 `DIALECTS` maps the `Dialect` value recorded on a CompletionRecord to its module; `detect(method, path, headers)`
 maps a request path (with or without its query string, with or without the `/s/{api_key}` prefix) to the dialect
-module and a `RouteMatch`. This package does no I/O and holds no session state.
+module and a `RouteMatch`, from each module's `ROUTES` (exact paths) and, for templated routes, the module's own
+`match_path` (Google's `{model}` and API versions); `error_dialect(path)` picks whose error shape answers a request
+no route serves (an unknown path, a body over the size limit). This package does no I/O and holds no session state.
 
 Beyond the shape in `nemo_polar.proxy.normalized` (additive, same in all four modules):
 - `StreamRenderer.finish(result)` first emits whatever of `result` the stream has not carried yet, so a renderer
@@ -20,55 +23,74 @@ from __future__ import annotations
 
 import re
 from types import ModuleType
-from urllib.parse import parse_qsl, unquote
+from urllib.parse import parse_qsl
 
 from nemo_polar.proxy.dialects import anthropic_messages, google_genai, openai_chat, openai_responses
 from nemo_polar.proxy.normalized import RouteMatch
 
-__all__ = ["DIALECTS", "detect", "strip_key_prefix"]
+__all__ = ["DIALECTS", "detect", "error_dialect", "split_key_prefix", "strip_key_prefix"]
 
-DIALECTS: dict[str, ModuleType] = {
-    m.DIALECT.value: m for m in (anthropic_messages, openai_chat, openai_responses, google_genai)
-}
+_MODULES = (anthropic_messages, openai_chat, openai_responses, google_genai)
+DIALECTS: dict[str, ModuleType] = {m.DIALECT.value: m for m in _MODULES}
 
-_EXACT: dict[str, tuple[ModuleType, str]] = {
-    "/v1/messages": (anthropic_messages, "messages"),
-    "/v1/messages/count_tokens": (anthropic_messages, "count_tokens"),
-    "/v1/chat/completions": (openai_chat, "chat_completions"),
-    "/v1/responses": (openai_responses, "responses"),
+_EXACT: dict[tuple[str, str], tuple[ModuleType, str]] = {
+    (method, path): (m, name) for m in _MODULES for method, path, name in m.ROUTES if "{" not in path
 }
-_GOOGLE = re.compile(
-    r"^/(?:v1beta|v1alpha|v1)/models/(?P<model>[^/:]+):(?P<verb>generateContent|streamGenerateContent|countTokens)$"
+_TEMPLATED: list[ModuleType] = [m for m in _MODULES if any("{" in path for _, path, _ in m.ROUTES)]
+# whose error shape answers a path no route serves: the first marker found in the path; OpenAI Chat otherwise
+_ERROR_MARKERS = (
+    ("/v1beta/", google_genai),
+    ("/v1/messages", anthropic_messages),
+    ("/v1/responses", openai_responses),
 )
-_GOOGLE_ROUTES = {
-    "generateContent": "generate_content",
-    "streamGenerateContent": "stream_generate_content",
-    "countTokens": "count_tokens",
-}
-_KEY_PREFIX = re.compile(r"^/s/[^/]+(?=/)")
+_KEY_PREFIX = re.compile(r"^/s/([^/]+)(?=/)")
+
+
+def split_key_prefix(path: str) -> tuple[str | None, str]:
+    """`/s/{api_key}/v1/messages` → (`api_key`, `/v1/messages`); other paths → (None, path)."""
+    m = _KEY_PREFIX.match(path)
+    if m is None:
+        return None, path
+    return m.group(1), path[m.end() :]
 
 
 def strip_key_prefix(path: str) -> str:
     """`/s/{api_key}/v1/messages` → `/v1/messages` (other paths unchanged)."""
-    return _KEY_PREFIX.sub("", path, count=1)
+    return split_key_prefix(path)[1]
+
+
+def resolve(method: str, path: str) -> tuple[ModuleType, str, dict[str, str]] | None:
+    """The dialect module, route name and path params for a key-less path without query string."""
+    if len(path) > 1:
+        path = path.rstrip("/")
+    method = method.upper()
+    hit = _EXACT.get((method, path))
+    if hit is not None:
+        return hit[0], hit[1], {}
+    if method == "POST":
+        for m in _TEMPLATED:
+            found = m.match_path(path)
+            if found is not None:
+                return m, found[0], found[1]
+    return None
 
 
 def detect(method: str, path: str, headers: dict[str, str] | None = None) -> tuple[ModuleType, RouteMatch] | None:
     """The dialect module and route for a request, or None when no dialect serves it (a 404 for the server)."""
-    if method.upper() != "POST":
-        return None
     path, _, qs = path.partition("?")
-    path = strip_key_prefix(path)
-    if len(path) > 1:
-        path = path.rstrip("/")
+    hit = resolve(method, strip_key_prefix(path))
+    if hit is None:
+        return None
+    module, name, params = hit
     query = dict(parse_qsl(qs, keep_blank_values=True))
     hdrs = {k.lower(): v for k, v in (headers or {}).items()}
-    hit = _EXACT.get(path)
-    if hit is not None:
-        module, name = hit
-        return module, RouteMatch(name=name, params={}, query=query, headers=hdrs)
-    m = _GOOGLE.match(path)
-    if m is not None:
-        params = {"model": unquote(m.group("model")), "method": m.group("verb")}
-        return google_genai, RouteMatch(name=_GOOGLE_ROUTES[m.group("verb")], params=params, query=query, headers=hdrs)
-    return None
+    return module, RouteMatch(name=name, params=params, query=query, headers=hdrs)
+
+
+def error_dialect(path: str) -> ModuleType:
+    """The dialect whose error shape answers a request that no route serves."""
+    p = strip_key_prefix(path)
+    for marker, module in _ERROR_MARKERS:
+        if marker in p:
+            return module
+    return openai_chat

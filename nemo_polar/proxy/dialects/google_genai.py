@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 from typing import Any
+from urllib.parse import unquote
 
 from nemo_polar.proxy.dialects._common import (
     MAX_TOKENS_LIMIT,
@@ -64,6 +65,20 @@ ROUTES: list[tuple[str, str, str]] = [
     ("POST", "/v1beta/models/{model}:streamGenerateContent", "stream_generate_content"),
     ("POST", "/v1beta/models/{model}:countTokens", "count_tokens"),
 ]
+# The SDKs default to v1beta; google-genai's `api_version` may also be v1 or v1alpha: all three serve the same routes.
+_PATH = re.compile(
+    r"^/(?:v1beta|v1alpha|v1)/models/(?P<model>[^/:]+):(?P<verb>generateContent|streamGenerateContent|countTokens)$"
+)
+_VERB_ROUTES = {pattern.rsplit(":", 1)[1]: name for _, pattern, name in ROUTES}
+
+
+def match_path(path: str) -> tuple[str, dict[str, str]] | None:
+    """The route name and path params of a templated route (`ROUTES` with `{model}`, any API version)."""
+    m = _PATH.match(path)
+    if m is None:
+        return None
+    return _VERB_ROUTES[m.group("verb")], {"model": unquote(m.group("model")), "method": m.group("verb")}
+
 
 _SNAKE = re.compile(r"_([a-z0-9])")
 

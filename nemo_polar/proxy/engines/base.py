@@ -128,6 +128,11 @@ class Generation:
     finished_at: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def adopt(self, other: Generation) -> None:
+        """Take over another generation's outcome (a whole answer that a stream's caller waits for)."""
+        for name in Generation.__slots__:  # type: ignore[attr-defined]
+            setattr(self, name, getattr(other, name))
+
     def upstream_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "endpoint": self.endpoint,
@@ -144,22 +149,44 @@ class Generation:
 
 
 class Engine(Protocol):
-    """What the proxy needs from an inference engine."""
+    """Everything the proxy asks of an inference engine (an engine that cannot do one raises a `ProviderError`)."""
 
     name: str
     upstreams: Upstreams
 
-    async def chat(self, call: EngineCall) -> Generation: ...
+    async def chat(self, call: EngineCall) -> Generation:
+        """One whole chat generation with its token data."""
+        ...
 
-    def stream(self, call: EngineCall, gen: Generation) -> AsyncIterator[StreamEvent]: ...
+    def stream_batches(self, call: EngineCall, gen: Generation) -> AsyncIterator[list[StreamEvent]]:
+        """A streamed chat generation: the events of each network read as one list; `gen` holds the outcome."""
+        ...
 
-    async def tokenize(self, call: EngineCall) -> list[int]: ...
+    async def complete_ids(
+        self,
+        prompt_ids: list[int],
+        sampling: dict[str, Any],
+        served_model: str,
+        route_key: str,
+        *,
+        extra: dict[str, Any] | None = None,
+    ) -> tuple[Generation, str]:
+        """A generation from prompt token ids (prefix splicing); returns it and the raw generated text."""
+        ...
+
+    async def tokenize(self, call: EngineCall) -> list[int]:
+        """The prompt token ids the chat template renders for this call."""
+        ...
 
     async def score(
         self, prompt_ids: list[int], continuation: list[int], served_model: str, route_key: str
-    ) -> list[float]: ...
+    ) -> list[float]:
+        """The model's logprob of each continuation token after the prompt (teacher forcing)."""
+        ...
 
-    async def list_models(self) -> list[str]: ...
+    async def list_models(self) -> list[str]:
+        """The model names the upstream serves."""
+        ...
 
 
 class Upstreams:

@@ -17,7 +17,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from nemo_polar.proxy.engines.base import EngineCall, Generation, UpstreamError, Upstreams, check_alignment
-from nemo_polar.proxy.normalized import ChatResult, StreamEvent, ToolCall
+from nemo_polar.proxy.normalized import ChatResult, ProviderError, StreamEvent, ToolCall
 
 __all__ = ["SGLangEngine"]
 
@@ -97,20 +97,29 @@ class SGLangEngine:
         check_alignment(result, usage, gen.endpoint)
         return result
 
-    async def stream(self, call: EngineCall, gen: Generation) -> AsyncIterator[StreamEvent]:
-        done = await self.chat(call)
-        gen.result, gen.endpoint, gen.usage = done.result, done.endpoint, done.usage
-        gen.sent_at, gen.first_byte_at, gen.finished_at = done.sent_at, done.first_byte_at, done.finished_at
-        gen.attempts = done.attempts
+    async def stream_batches(self, call: EngineCall, gen: Generation) -> AsyncIterator[list[StreamEvent]]:
+        """One non-streaming upstream call (SGLang streams no token ids), its answer as one batch of events."""
+        gen.adopt(await self.chat(call))
         assert gen.result is not None
-        if gen.result.reasoning:
-            yield StreamEvent("reasoning", text=gen.result.reasoning)
-        if gen.result.content:
-            yield StreamEvent("text", text=gen.result.content)
-        for i, tc in enumerate(gen.result.tool_calls):
-            yield StreamEvent("tool_call", index=i, id=tc.id, name=tc.name)
-            if tc.arguments:
-                yield StreamEvent("tool_args", index=i, text=tc.arguments)
+        events = gen.result.as_events()
+        if events:
+            yield events
+
+    async def stream(self, call: EngineCall, gen: Generation) -> AsyncIterator[StreamEvent]:
+        async for batch in self.stream_batches(call, gen):
+            for ev in batch:
+                yield ev
+
+    async def complete_ids(
+        self,
+        prompt_ids: list[int],
+        sampling: dict[str, Any],
+        served_model: str,
+        route_key: str,
+        *,
+        extra: dict[str, Any] | None = None,
+    ) -> tuple[Generation, str]:
+        raise ProviderError(500, "api_error", f"engine {self.name} cannot generate from token ids")
 
     async def tokenize(self, call: EngineCall) -> list[int]:
         body = self.build_body(call)

@@ -1,0 +1,44 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The proxy's configuration: one flat, typed `ProxyConfig` that the CLI, the rollout gateway and the tests fill.
+
+It names the upstreams and the engine that talks to them, the record store, the sampling the gateway enforces, the
+admin control token, limits and time-outs, and prefix-preserving generation (`splice` against stock vLLM, `nemo_rl`
+against NeMo RL's server: see docs/contracts.md). This module holds data only; `nemo_polar.proxy.app` uses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["ProxyConfig"]
+
+
+@dataclass
+class ProxyConfig:
+    """Everything the proxy needs; flat and typed (the CLI fills it from flags)."""
+
+    upstreams: list[str]
+    store_dir: str
+    engine: str = "vllm"
+    served_model: str | None = None
+    sampling: dict[str, Any] = field(default_factory=dict)
+    strict_models: bool = False
+    control_token: str | None = None
+    public_base_url: str | None = None
+    max_body_bytes: int = 32 * 1024 * 1024
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 600.0
+    routing: str = "sticky"  # "sticky" (a session stays on one upstream) | "round_robin" (engines/base.py)
+    pause_wait_s: float = 600.0
+    fsync: bool = False
+    prefix_preserving: str | None = None  # None | "splice" (stock vLLM) | "nemo_rl" (required_prefix_token_ids)
+    model_dir: str | None = None
+    chat_template: str | None = None
+    eot_token_ids: list[int] | None = None
+    tool_call_format: str = "hermes"
+    # Re-scoring a forced continuation asks vLLM for prompt_logprobs over the WHOLE prompt (no prefix cache, one
+    # vocabulary row per prompt token): affordable for short prompts only. Past this many prompt tokens the record
+    # keeps the grammar's logprobs and says so in `upstream.log_probs_source`; forced tokens are masked from
+    # training by default (`forced_policy: mask`), so only `forced_policy: keep` users need the re-scored values.
+    rescore_forced_max_prompt_tokens: int = 2048

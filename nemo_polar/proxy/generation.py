@@ -1,0 +1,298 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What the proxy generates for one harness call: one strategy per plan-step kind, and prefix preservation.
+
+A call's plan step (or none) picks its strategy: `live` (the engine samples), `forced` (a `tool`/`text` step: the
+engine generates the exact text under a grammar, then the tokens are re-scored), `replay` (a stored record's answer,
+no model call), `next_best` (n seeded samples, the best that differs from an excluded record). Prefix-preserving
+generation (docs/contracts.md) has its two mechanisms here and nowhere else: `splice` (the prompt is built from the
+session's chain tip and sent as token ids to stock vLLM) and `nemo_rl` (the chain tip is sent as
+`required_prefix_token_ids` to NeMo RL's server); the chain tip advances after every main-agent generation.
+
+Strategies read the call's context and return a `Generation`; they change only the `EngineCall` they were given
+(what was actually sent), never the record: the HTTP layer writes the record once, from the call and the outcome.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncGenerator
+from dataclasses import dataclass
+from typing import Any
+
+from nemo_polar.proxy import plans
+from nemo_polar.proxy.config import ProxyConfig
+from nemo_polar.proxy.engines.base import Engine, EngineCall, Generation
+from nemo_polar.proxy.normalized import ProviderError, StreamEvent
+from nemo_polar.proxy.sessions import Session
+from nemo_polar.proxy.store import RecordStore
+from nemo_polar.types import CallKind, Origin
+
+__all__ = ["CallContext", "Generator", "plan_kind"]
+
+log = logging.getLogger(__name__)
+
+LIVE, FORCED, REPLAY, NEXT_BEST = "live", "forced", "replay", "next_best"
+_ORIGIN = {LIVE: Origin.LIVE.value, NEXT_BEST: Origin.LIVE.value, FORCED: Origin.FORCED.value}
+
+
+def plan_kind(step: dict[str, Any] | None, tool_call_format: str) -> tuple[str, str | None]:
+    """The strategy for a plan step, and the exact text a forced step generates."""
+    if step is None:
+        return LIVE, None
+    if "replay" in step:
+        return REPLAY, None
+    if "next_best" in step:
+        return NEXT_BEST, None
+    text = plans.forced_text(step, tool_call_format)
+    return (FORCED, text) if text is not None else (LIVE, None)
+
+
+@dataclass(slots=True)
+class CallContext:
+    """One harness call on its way to the engine: who asked, what the plan says, what will be sent."""
+
+    session: Session
+    call_kind: str
+    call: EngineCall
+    step: dict[str, Any] | None
+    kind: str = LIVE
+    forced_text: str | None = None
+
+    @property
+    def origin(self) -> str:
+        return _ORIGIN.get(self.kind, Origin.REPLAYED.value)
+
+    @property
+    def main(self) -> bool:
+        return self.call_kind == CallKind.MAIN.value
+
+
+class Generator:
+    """Runs the strategy a call's plan step asks for against one engine (and the store, for replays)."""
+
+    def __init__(self, config: ProxyConfig, engine: Engine, store: RecordStore):
+        self.config = config
+        self.engine = engine
+        self.store = store
+        self.splicer: Any = None  # the PrefixSplicer, made on first use (it loads the model's tokenizer)
+
+    # -- the two entry points -----------------------------------------------------------------------------------
+
+    async def run(self, ctx: CallContext) -> Generation:
+        """A complete (non-streaming) generation for this call."""
+        if ctx.kind == REPLAY:
+            return await self._replay(ctx)
+        if ctx.kind == NEXT_BEST:
+            return await self._next_best(ctx)
+        if ctx.kind == FORCED:
+            assert ctx.forced_text is not None
+            return await self._forced(ctx, ctx.forced_text)
+        return await self._live(ctx)
+
+    async def events(self, ctx: CallContext, gen: Generation) -> AsyncGenerator[list[StreamEvent], None]:
+        """The reply's events, in lists (each list is what arrived together); at the end `gen` holds the outcome.
+
+        Only a live call that is not spliced streams from the engine; every other answer is generated whole and
+        then sent as events.
+        """
+        if ctx.kind == LIVE and not self._splices(ctx):
+            async for batch in self.engine.stream_batches(self._with_required_prefix(ctx, ctx.call), gen):
+                yield batch
+            self._advance_tip(ctx, gen)
+            return
+        gen.adopt(await self.run(ctx))
+        assert gen.result is not None
+        out = gen.result.as_events()
+        if out:
+            yield out
+
+    # -- prefix preservation: the one place -------------------------------------------------------------------------
+
+    def _splices(self, ctx: CallContext) -> bool:
+        return self.config.prefix_preserving == "splice" and ctx.main and bool(ctx.session.chain_tip)
+
+    def _with_required_prefix(self, ctx: CallContext, call: EngineCall) -> EngineCall:
+        """NeMo RL's server continues the chain tip token for token when it is sent as `required_prefix_token_ids`."""
+        if self.config.prefix_preserving == "nemo_rl" and ctx.main and ctx.session.chain_tip:
+            call.extra["required_prefix_token_ids"] = ctx.session.chain_tip
+        return call
+
+    def _advance_tip(self, ctx: CallContext, gen: Generation) -> None:
+        if self.config.prefix_preserving and ctx.main and gen.result is not None:
+            ctx.session.chain_tip = list(gen.result.prompt_token_ids) + list(gen.result.generation_token_ids)
+
+    def splicer_for(self) -> Any:
+        if self.splicer is None:
+            from nemo_polar.proxy.prefix import PrefixSplicer
+
+            if not self.config.model_dir:
+                raise ProviderError(500, "api_error", "prefix_preserving=splice needs model_dir")
+            self.splicer = PrefixSplicer(
+                self.config.model_dir, chat_template=self.config.chat_template, eot_token_ids=self.config.eot_token_ids
+            )
+        return self.splicer
+
+    async def _spliced_prompt(self, ctx: CallContext) -> list[int] | None:
+        """Prompt ids spliced onto the session's main-chain tip (stock vLLM), or None when not applicable."""
+        if not self._splices(ctx):
+            return None
+        from nemo_polar.proxy.prefix import SpliceError
+
+        splicer = self.splicer_for()
+        call = ctx.call
+        try:
+            ids: list[int] = await asyncio.to_thread(
+                splicer.splice,
+                ctx.session.chain_tip,
+                call.request.messages,
+                call.request.tools,
+                call.sampling.get("chat_template_kwargs"),
+            )
+        except SpliceError as exc:
+            log.info("session %s: no splice (%s)", ctx.session.session_id, exc)
+            return None
+        return ids
+
+    async def _complete_spliced(self, call: EngineCall, prompt: list[int], extra: dict[str, Any] | None) -> Generation:
+        splicer = self.splicer_for()
+        gen, text = await self.engine.complete_ids(
+            prompt,
+            call.sampling,
+            call.served_model,
+            call.route_key,
+            extra={"stop_token_ids": splicer.eot_token_ids, **(extra or {})},
+        )
+        content, reasoning, calls = plans.parse_hermes(text)
+        res = gen.result
+        assert res is not None
+        res.content, res.reasoning, res.tool_calls = content, reasoning, calls
+        if calls and res.finish_reason == "stop":
+            res.finish_reason = "tool_calls"
+        gen.extra["spliced"] = True
+        return gen
+
+    async def _sample(self, ctx: CallContext, call: EngineCall, prompt: list[int] | None) -> Generation:
+        """One sample from the model: from the spliced prompt when there is one, else a chat call."""
+        if prompt is not None:
+            return await self._complete_spliced(call, prompt, extra=None)
+        return await self.engine.chat(self._with_required_prefix(ctx, call))
+
+    # -- strategies ---------------------------------------------------------------------------------------------------
+
+    async def _live(self, ctx: CallContext) -> Generation:
+        gen = await self._sample(ctx, ctx.call, await self._spliced_prompt(ctx))
+        self._advance_tip(ctx, gen)
+        return gen
+
+    async def _forced(self, ctx: CallContext, text: str) -> Generation:
+        call = ctx.call
+        ctk = {**(call.sampling.get("chat_template_kwargs") or {}), "enable_thinking": False}
+        # the grammar ends the generation with the forced text: a max_tokens cap could only truncate it
+        call.sampling = {k: v for k, v in call.sampling.items() if k != "max_tokens"}
+        call.sampling["chat_template_kwargs"] = ctk
+        extra: dict[str, Any] = {"structured_outputs": {"choice": [text]}}
+        prompt = await self._spliced_prompt(ctx)
+        if prompt is not None:
+            # /v1/completions defaults to 16 tokens; the grammar may spell the text with any tokenization, at worst
+            # one token per byte: that bound always leaves room for the whole text and its end of turn
+            extra["max_tokens"] = len(text.encode()) + 8
+            gen = await self._complete_spliced(call, prompt, extra=extra)
+        else:
+            call.extra.update(extra)
+            if call.request.tools and call.request.tool_choice not in (None, "auto"):
+                call.request.tool_choice = "auto"  # the grammar decides; a named/required choice would conflict
+            gen = await self.engine.chat(call)  # the grammar fixes the text: no required prefix is sent
+        res = gen.result
+        assert res is not None
+        gen.extra["forced_text"] = text
+        gen.extra["grammar_log_probs"] = res.generation_log_probs
+        limit = self.config.rescore_forced_max_prompt_tokens
+        if len(res.prompt_token_ids) > limit:
+            gen.extra["log_probs_source"] = (
+                f"grammar (prompt of {len(res.prompt_token_ids)} tokens is over the re-scoring limit {limit})"
+            )
+        else:
+            try:
+                res.generation_log_probs = await self.engine.score(
+                    res.prompt_token_ids, res.generation_token_ids, call.served_model, call.route_key
+                )
+                gen.extra["log_probs_source"] = "prompt_logprobs"
+            except ProviderError as exc:
+                gen.extra["log_probs_source"] = f"grammar (re-scoring failed: {exc.message})"
+        self._advance_tip(ctx, gen)
+        return gen
+
+    async def _replay(self, ctx: CallContext) -> Generation:
+        step, call = ctx.step, ctx.call
+        assert step is not None
+        record_id = step["replay"]
+        src = self.store.get_record(record_id)
+        if src is None and isinstance(step.get("record"), dict):
+            src = plans.record_from_inline(record_id, step["record"])
+        if src is None or src.error is not None:
+            raise ProviderError(500, "api_error", f"plan replays record {record_id!r}, which is missing or failed")
+        res = plans.result_from_record(src)
+        gen = Generation(result=res, sent_at=time.time(), extra={"replayed_from": record_id})
+        if "sampling" in src.request:  # render the prompt as the recorded call was rendered (forced: thinking off)
+            ctk = src.request["sampling"].get("chat_template_kwargs")
+            call.sampling = {k: v for k, v in call.sampling.items() if k != "chat_template_kwargs"}
+            if ctk:
+                call.sampling["chat_template_kwargs"] = ctk
+        try:
+            prompt = await self._spliced_prompt(ctx)
+            res.prompt_token_ids = prompt if prompt is not None else await self.engine.tokenize(call)
+            res.prompt_tokens = len(res.prompt_token_ids)
+            # later calls splice onto the replayed turn, as they did onto the recorded one
+            self._advance_tip(ctx, gen)
+        except ProviderError as exc:
+            gen.extra["prompt_ids_error"] = exc.message
+        gen.first_byte_at = gen.finished_at = time.time()
+        return gen
+
+    async def _next_best(self, ctx: CallContext) -> Generation:
+        """`n` seeded samples from this call's context; the best one that differs from the excluded record."""
+        assert ctx.step is not None
+        call = ctx.call
+        try:
+            opts = plans.next_best_options(ctx.step)
+        except ValueError as exc:
+            raise ProviderError(500, "api_error", f"plan step: {exc}") from exc
+        exclude, ctk = opts.exclude_response, opts.chat_template_kwargs
+        src = self.store.get_record(opts.exclude_record) if opts.exclude_record is not None else None
+        if src is not None:
+            exclude = src.response if exclude is None else exclude
+            if ctk is None:
+                ctk = (src.request.get("sampling") or {}).get("chat_template_kwargs")
+        if ctk is not None:  # the context the excluded call was sampled in (a forced call: thinking off)
+            call.sampling = {**call.sampling, "chat_template_kwargs": dict(ctk)}
+        prompt = await self._spliced_prompt(ctx)
+        gens: list[Generation] = []
+        for i in range(opts.n):  # one after another: a seed's sample does not depend on what it is batched with
+            sampling = {**call.sampling, "temperature": opts.temperature, "seed": opts.seed + i}
+            one = EngineCall(call.request, call.served_model, sampling, call.route_key, dict(call.extra))
+            gens.append(await self._sample(ctx, one, prompt))
+        results = [g.result for g in gens if g.result is not None]
+        best, same = plans.pick_next_best(results, exclude)
+        gen = gens[best]
+        call.sampling = {**call.sampling, "temperature": opts.temperature, "seed": opts.seed + best}
+        gen.extra["next_best"] = {
+            "seed": opts.seed,
+            "n": opts.n,
+            "temperature": opts.temperature,
+            "exclude_record": opts.exclude_record,
+            "chosen": best,
+            "identical": same[best],
+            "candidates": [
+                {
+                    "seed": opts.seed + i,
+                    "log_prob": sum(r.generation_log_probs),
+                    "tokens": len(r.generation_token_ids),
+                    "identical": same[i],
+                }
+                for i, r in enumerate(results)
+            ],
+        }
+        self._advance_tip(ctx, gen)
+        return gen

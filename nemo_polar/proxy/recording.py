@@ -1,0 +1,96 @@
+# SPDX-License-Identifier: Apache-2.0
+"""How a harness call becomes a `CompletionRecord`: opened when the call is accepted, then closed exactly once.
+
+`open_record` fills what is known when the call arrives (who, when, the original and normalised request, the plan
+origin); `completed` writes what was actually sent (`EngineCall`) and what came back (`Generation`); `failed` writes
+the error and clears the token arrays (a failed call carries no training data); `rejected` is the record of a call
+refused before generation. The record format is `nemo_polar.types.CompletionRecord` (docs/contracts.md). This
+module does no I/O: the caller commits the record to the store.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import orjson
+
+from nemo_polar.proxy.engines.base import EngineCall, Generation, UpstreamError
+from nemo_polar.proxy.normalized import ProviderError
+from nemo_polar.proxy.sessions import Session
+from nemo_polar.types import CompletionRecord
+
+__all__ = ["completed", "error_dict", "failed", "open_record", "rejected"]
+
+
+def open_record(
+    session: Session, dialect: str, arrived: float, original: dict[str, Any], requested_model: str
+) -> CompletionRecord:
+    return CompletionRecord(
+        id=uuid.uuid4().hex,
+        session_id=session.session_id,
+        seq=session.take_seq(),
+        dialect=dialect,
+        arrived_at=arrived,
+        original_request=original,
+        requested_model=requested_model,
+    )
+
+
+def _sent(rec: CompletionRecord, call: EngineCall) -> None:
+    """The record keeps what was actually used (a plan step may change sampling and the tool choice)."""
+    if rec.request:
+        rec.request["sampling"] = call.sampling
+        if "tool_choice" in rec.request:
+            rec.request["tool_choice"] = call.request.tool_choice
+
+
+def completed(rec: CompletionRecord, call: EngineCall, gen: Generation) -> CompletionRecord:
+    res = gen.result
+    assert res is not None
+    _sent(rec, call)
+    rec.response = res.response_dict()
+    rec.finish_reason = res.finish_reason
+    rec.prompt_token_ids = res.prompt_token_ids
+    rec.generation_token_ids = res.generation_token_ids
+    rec.generation_log_probs = res.generation_log_probs
+    rec.served_model = res.served_model or rec.served_model
+    rec.first_byte_at = gen.first_byte_at
+    rec.finished_at = time.time()
+    rec.upstream = gen.upstream_dict()
+    return rec
+
+
+def error_dict(err: ProviderError) -> dict[str, Any]:
+    if isinstance(err, UpstreamError):
+        return err.to_record()
+    return {"type": "provider_error", "status": err.status, "kind": err.kind, "message": err.message}
+
+
+def failed(rec: CompletionRecord, error: dict[str, Any], call: EngineCall | None = None) -> CompletionRecord:
+    if call is not None:
+        _sent(rec, call)
+    rec.error = error
+    rec.finished_at = time.time()
+    rec.prompt_token_ids, rec.generation_token_ids, rec.generation_log_probs = [], [], []
+    return rec
+
+
+def rejected(session: Session, dialect: str, raw: bytes, arrived: float, err: ProviderError) -> CompletionRecord:
+    try:
+        original = orjson.loads(raw)
+        if not isinstance(original, dict):
+            original = {"_raw": raw[:65536].decode("utf-8", "replace")}
+    except orjson.JSONDecodeError:
+        original = {"_raw": raw[:65536].decode("utf-8", "replace")}
+    return CompletionRecord(
+        id=uuid.uuid4().hex,
+        session_id=session.session_id,
+        seq=session.take_seq(),
+        dialect=dialect,
+        arrived_at=arrived,
+        finished_at=time.time(),
+        original_request=original,
+        error={"type": "rejected", "status": err.status, "kind": err.kind, "message": err.message},
+    )

@@ -1,0 +1,135 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The streamed reply: server-sent events in the caller's dialect, with the record committed before the last one.
+
+Order (docs/contracts.md, durability): a pending placeholder is on disk before the first byte leaves; each batch of
+events that arrived together is rendered and written in one socket write (adjacent pieces of the same text merged
+into one delta); the record is committed, and only then is the terminal event written. A failure before the first
+byte is a normal HTTP error in the caller's shape; a failure after it is a failure record and a dropped connection
+(the client must not see a clean end of an answer that was cut); a client that leaves is a failure record too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from types import ModuleType
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+
+from nemo_polar.proxy import recording
+from nemo_polar.proxy.engines.base import EngineCall, Generation
+from nemo_polar.proxy.normalized import ChatRequest, ProviderError, StreamEvent
+from nemo_polar.proxy.store import RecordStore
+from nemo_polar.types import CompletionRecord
+
+__all__ = ["coalesce", "reply_stream"]
+
+log = logging.getLogger(__name__)
+
+_SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "Connection": "keep-alive"}
+
+
+async def reply_stream(
+    request: web.Request,
+    mod: ModuleType,
+    req: ChatRequest,
+    rec: CompletionRecord,
+    call: EngineCall,
+    events: AsyncGenerator[list[StreamEvent], None],
+    gen: Generation,
+    store: RecordStore,
+    fail_early: Callable[[ProviderError], Awaitable[web.Response]],
+) -> web.StreamResponse:
+    """Stream `events` (which fill `gen`) to the client; `fail_early` answers an error raised before any byte."""
+    pending = store.put_pending(rec)
+    first: list[StreamEvent] | None = None
+    try:
+        first = await events.__anext__()
+    except StopAsyncIteration:
+        pass
+    except ProviderError as err:  # nothing sent yet: a proper HTTP error in the caller's shape
+        await _quiet(pending)
+        return await fail_early(err)
+    await pending  # the placeholder is on disk before the first byte leaves
+    headers = _SSE_HEADERS
+    if req.extra.get("stream_format") == "json_array":  # Google's streamGenerateContent without alt=sse
+        headers = {**_SSE_HEADERS, "Content-Type": "application/json"}
+    resp = web.StreamResponse(headers=headers)
+    renderer = mod.StreamRenderer(req, "resp_" + rec.id)
+    try:
+        await resp.prepare(request)
+        if first is not None:
+            await _write(resp, _render(renderer, first))
+            async for batch in events:
+                await _write(resp, _render(renderer, batch))
+    except ProviderError as err:  # upstream broke mid-stream: the client cannot get a clean ending
+        await _failed(store, rec, call, recording.error_dict(err))
+        _drop_connection(request)
+        return resp
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError, asyncio.CancelledError) as exc:
+        await events.aclose()
+        error = {"type": "client_disconnected", "message": f"the client went away mid-stream ({type(exc).__name__})"}
+        await asyncio.shield(_failed(store, rec, call, error))
+        if isinstance(exc, asyncio.CancelledError):
+            raise
+        return resp
+    assert gen.result is not None
+    await store.commit(recording.completed(rec, call, gen))  # durability: committed before the terminal event
+    try:
+        await _write(resp, renderer.finish(gen.result))
+        await resp.write_eof()
+    except (ConnectionResetError, aiohttp.ClientConnectionResetError):
+        log.info("client of %s left before the terminal event", rec.id)
+    return resp
+
+
+async def _failed(store: RecordStore, rec: CompletionRecord, call: EngineCall, error: dict[str, Any]) -> None:
+    log.info("stream %s failed: %s", rec.id, error)
+    await store.commit(recording.failed(rec, error, call))
+
+
+def _render(renderer: Any, batch: list[StreamEvent]) -> list[bytes]:
+    """Frames for events that arrived together; adjacent pieces of the same text are sent as one delta."""
+    if len(batch) == 1:
+        frames: list[bytes] = renderer.feed(batch[0])
+        return frames
+    frames = []
+    for ev in coalesce(batch):
+        frames += renderer.feed(ev)
+    return frames
+
+
+def coalesce(batch: list[StreamEvent]) -> list[StreamEvent]:
+    """Merge adjacent text / reasoning / tool-argument pieces of one batch (tool-call starts stay separate)."""
+    out: list[StreamEvent] = []
+    parts: list[str] = []
+    for ev in batch:
+        if ev.kind != "tool_call" and out and out[-1].kind == ev.kind and out[-1].index == ev.index:
+            parts.append(ev.text)
+            continue
+        if len(parts) > 1:
+            out[-1] = StreamEvent(out[-1].kind, text="".join(parts), index=out[-1].index)
+        out.append(ev)
+        parts = [ev.text]
+    if len(parts) > 1:
+        out[-1] = StreamEvent(out[-1].kind, text="".join(parts), index=out[-1].index)
+    return out
+
+
+async def _write(resp: web.StreamResponse, frames: list[bytes]) -> None:
+    if frames:
+        await resp.write(frames[0] if len(frames) == 1 else b"".join(frames))
+
+
+async def _quiet(fut: asyncio.Future[None]) -> None:
+    with contextlib.suppress(Exception):
+        await fut
+
+
+def _drop_connection(request: web.Request) -> None:
+    if request.transport is not None:
+        request.transport.close()
