@@ -3,11 +3,12 @@
 
 Routing (`routing`): `sticky` (default) pins each session to one endpoint by a stable hash of its id (prefix-cache
 affinity), the other endpoints following in ring order; `round_robin` starts each request at the next endpoint in
-turn, whatever its session (the reference Polar's routing; `benchmarks/prefix_cache.py` compares the two). A request moves to the next endpoint only when the connection could not be
-established (refused, unreachable, connect timeout), so a generation is never sent twice. Every upstream call has
-a connect and a read timeout. Upstream failures become `UpstreamError` (a `ProviderError`: the dialect renders it in
-the caller's shape): 5xx → 502, unreachable → 503, timeout → 504, all with `retry-after`; a context overflow keeps
-its 400 with kind `context_length_exceeded`.
+turn, whatever its session (the reference Polar's routing; `benchmarks/prefix_cache.py` compares the two). A
+request moves to the next endpoint only when the connection could not be established (refused, unreachable, connect
+timeout), so a generation is never sent twice. Every upstream call has a connect and a read timeout. Upstream
+failures become `UpstreamError` (a `ProviderError`: the dialect renders it in the caller's shape): 5xx → 502,
+unreachable → 503, timeout → 504, all with `retry-after`; a context overflow keeps its 400 with kind
+`context_length_exceeded`.
 
 This module knows nothing of dialects or the record store.
 """
