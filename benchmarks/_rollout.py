@@ -2,8 +2,9 @@
 """Shared by `prefix_cache.py` and `session_budget.py`: example tasks through the real rollout stack (rollout server
 → gateway → sandboxed harness CLI → hosted proxy → vLLM), one session at a time, and what vLLM's own counters say.
 
-`Stack` is one proxy configuration with its own rollout server and gateway (one run slot: sessions do not overlap,
-so a `/metrics` delta taken around a session is that session's). `vllm_counters` reads vLLM's Prometheus counters,
+`Stack` is one proxy configuration with its own rollout server and gateway, assembled by
+`nemo_polar.rollout.stack.start_stack` (one run slot: sessions do not overlap, so a `/metrics` delta taken around a
+session is that session's). `vllm_counters` reads vLLM's Prometheus counters,
 `reset_prefix_cache` empties an engine's prefix cache (the dev endpoint: the servers run with
 `VLLM_SERVER_DEV_MODE=1`). Not a benchmark itself (the leading underscore keeps it out of `make bench`).
 """
@@ -74,32 +75,39 @@ def example_task(name: str, harness: str, *, plan: str, task_id: str, builder: s
 
 
 class Stack:
-    """A hosted proxy (`proxy_config`: a `ProxyConfig`'s fields) + rollout server + one-slot gateway on loopback."""
+    """`nemo_polar.rollout.stack.start_stack` with one gateway of one run slot, and `routing` set on its proxy's
+    upstreams (`sticky` | `round_robin`; the stack config has no routing option, the proxy's `Upstreams` has).
 
-    def __init__(self, work: Path, proxy_config: dict[str, Any], *, model: str, builder_options: dict[str, Any]):
-        self.work, self.proxy_config, self.model, self.builder_options = work, proxy_config, model, builder_options
+    `options`: `StackConfig` fields (upstreams, served_model, prefix_preserving, model_dir, eot_token_ids, …)."""
+
+    def __init__(self, work: Path, options: dict[str, Any], *, routing: str = "sticky"):
+        self.work, self.options, self.routing = work, options, routing
 
     async def __aenter__(self) -> Stack:
-        from nemo_polar.proxy.app import ProxyConfig
-        from nemo_polar.rollout.proxylink import HostedProxy
-        from tests.rollout.helpers import start_gateway, start_server
+        from nemo_polar.rollout.stack import StackConfig, start_stack
 
-        self.work.mkdir(parents=True, exist_ok=True)
-        self.proxy = await HostedProxy(ProxyConfig(store_dir=str(self.work / "proxy"), **self.proxy_config)).start()
-        self.runner, self.server_url, _ = await start_server(self.work)
-        self.gw = await start_gateway(
-            self.work,
-            self.server_url,
-            model=self.model,
-            builder_options=self.builder_options,
+        cfg = StackConfig(
+            work_dir=str(self.work),
+            gateways=1,
             run_slots=1,
             init_workers=1,
             ready_buffer=1,
+            heartbeat_s=0.2,
+            **self.options,
         )
-        self.gw.work.proxy = self.proxy
+        self.stack = await start_stack(cfg)
+        self.server_url = self.stack.server_url
+        proxy = self.stack.proxy
+        assert proxy is not None and self.stack.gateway is not None, "the stack needs an upstream and a gateway"
+        proxy.proxy.upstreams.routing = self.routing  # read per request by Upstreams.order
+        self.proxy = proxy
+        self.gw = self.stack.gateway
         self.marks: dict[str, dict[str, float]] = {}
         self._watch_stages()
         return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stack.close()
 
     def _watch_stages(self) -> None:
         """Keep each session's stage marks (`Job.t`: admitted, init/run/post start and end, wall-clock), and mark
@@ -121,11 +129,6 @@ class Stack:
 
         work._evaluate = timed_evaluate  # type: ignore[method-assign]
         work.postrun = kept_postrun  # type: ignore[method-assign]
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.gw.close()
-        await self.runner.cleanup()
-        await self.proxy.stop()
 
     async def run(self, task: Any, timeout_s: float = 900) -> list[tuple[Any, list[Any]]]:
         """Submit `task`, wait for its sessions; each `SessionResult` with its proxy records (in call order). The

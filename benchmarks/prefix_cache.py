@@ -197,11 +197,11 @@ async def run_all(args: argparse.Namespace, engines: list[Any]) -> list[dict[str
     for i in range(args.sessions):  # configurations interleaved per round: load drifts hit all three alike
         for harness in args.harnesses:
             for name, cfg in CONFIGS.items():
-                proxy_cfg: dict[str, Any] = {"upstreams": urls, "served_model": model, **cfg}
+                options: dict[str, Any] = {"upstreams": urls, "served_model": model, "eot_token_ids": eot}
                 if cfg.get("prefix_preserving") == "splice":
-                    proxy_cfg["model_dir"] = model_dir
+                    options.update(prefix_preserving="splice", model_dir=model_dir)
                 tag = f"{name.replace(' + ', '-')}-{harness}-{i}"
-                async with Stack(work / tag, proxy_cfg, model=model, builder_options={"eot_token_ids": eot}) as stack:
+                async with Stack(work / tag, options, routing=cfg["routing"]) as stack:
                     task = example_task(
                         args.task, harness, plan="fix_plan", task_id=f"pc-{tag}", builder="per_request"
                     )

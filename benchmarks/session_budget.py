@@ -151,15 +151,16 @@ def report(rows: list[dict[str, Any]]) -> None:
 
 
 async def run_all(args: argparse.Namespace, llm: Any) -> list[dict[str, Any]]:
-    proxy_cfg = {
+    options = {
         "upstreams": [llm.base_url],
         "served_model": llm.model,
         "prefix_preserving": "splice",
         "model_dir": str(llm.model_dir),
+        "eot_token_ids": llm.eot_token_ids,
     }
     rows: list[dict[str, Any]] = []
     work = Path(tempfile.mkdtemp(prefix="polar-session-budget-"))
-    async with Stack(work, proxy_cfg, model=llm.model, builder_options={"eot_token_ids": llm.eot_token_ids}) as stack:
+    async with Stack(work, options) as stack:
         for task_name in args.tasks:
             for harness in args.harnesses:
                 t0 = time.monotonic()

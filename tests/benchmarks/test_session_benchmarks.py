@@ -144,9 +144,8 @@ def test_stage_marks_from_a_real_stack_give_a_budget(tmp_path: Path) -> None:
     async def go() -> tuple[dict[str, float], object]:
         fake = await FakeUpstream().start()
         try:
-            async with _rollout.Stack(
-                tmp_path, {"upstreams": [fake.base_url]}, model="fake", builder_options={}
-            ) as stack:
+            async with _rollout.Stack(tmp_path, {"upstreams": [fake.base_url]}, routing="round_robin") as stack:
+                assert stack.proxy.proxy.upstreams.routing == "round_robin"
                 ((result, records),) = await stack.run(example_task("median", run_s=0.3), timeout_s=120)
                 assert records == []  # the simulated agent calls no model
                 return stack.marks[result.session_id], result
