@@ -56,7 +56,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 CACHE = Path(os.environ.get("POLAR_CACHE_DIR") or Path.home() / ".cache" / "nemo-polar")
-LITELLM_PIN = "litellm[proxy]==1.108.7"  # the version DESIGN §8's anchor was measured with
+LITELLM_PIN = "litellm[proxy]==1.108.7"  # the version docs/performance.md's anchor was measured with
 MIX_FAKE = [(1000, 64, False), (1000, 512, True), (8000, 512, False), (8000, 64, True)]  # prompt, answer, stream
 MIX_VLLM = [(1000, 32, False), (1000, 32, True)]
 PLAN_FAKE = {1: 96, 16: 384, 64: 768, 256: 1024}  # requests per concurrency (capped by CELL_S seconds)
@@ -539,7 +539,7 @@ def run_suite(
             print(f"  {peer.name}: ready in {time.monotonic() - t0:.0f} s", flush=True)
             live.append(peer)
         cells: list[tuple[Any, int, int, bool]] = [(c, c, n, False) for c, n in plan.items()]
-        if section8:  # DESIGN §8's own request alone (1k-token prompt, 64-token answer, non-streaming)
+        if section8:  # docs/performance.md's reference request alone (1k-token prompt, 64-token answer, non-streaming)
             cells.append(("64 (§8 req)", 64, plan.get(64, 256), True))
         base: dict[Any, dict[str, Any]] = {}
         last_rps: dict[str, float] = {}
@@ -684,7 +684,7 @@ def headline(rows: list[dict[str, Any]]) -> None:
     if pol8 and lit8 and lit8["rps"]:
         x = pol8["rps"] / lit8["rps"]
         lines.append(
-            f"- DESIGN §8 request (4.5 KB, 64-token answer, non-streaming) at c=64: polar {pol8['rps']:.0f} req/s vs "
+            f"- the reference request of docs/performance.md (4.5 KB, 64-token answer, non-streaming) at c=64: polar {pol8['rps']:.0f} req/s vs "
             f"LiteLLM {lit8['rps']:.0f} req/s = **{x:.1f}×** (target ≥ 20×: {'met' if x >= 20 else 'NOT met'}); "
             f"CPU per 1k requests {pol8['cpu_s_per_1k']:.2f} s vs {lit8['cpu_s_per_1k']:.2f} s."
         )
@@ -703,7 +703,7 @@ def headline(rows: list[dict[str, Any]]) -> None:
     if p1:
         lines.append(
             f"- c=1 on this mix (8k prompts, 512-token streams included): polar adds {p1.get('added_p50_ms', 0):.2f} ms "
-            f"p50 and uses {p1['cpu_s_per_1k']:.2f} CPU s per 1k requests (DESIGN §8's per-request target is measured "
+            f"p50 and uses {p1['cpu_s_per_1k']:.2f} CPU s per 1k requests (the per-request target of docs/performance.md is measured "
             "on its own 4.5 KB request in `proxy_overhead.py`)."
         )
     if lines:

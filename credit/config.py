@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """`CallCreditConfig`: every free choice of CALL-CREDIT as a documented, validated option.
 
-The proposal (shared/seeds/001_…) fixes the formulas; this module names every choice it leaves open and
+The proposal (docs/call_credit.md) fixes the formulas; this module names every choice it leaves open and
 gives it a default. It does no computation. Load from a dict/YAML/JSON with `CallCreditConfig.model_validate`;
 pydantic reports every bad field at once and unknown keys are rejected.
 """
@@ -49,7 +49,7 @@ class JudgeConfig(_Strict):
 
 
 class RoleConfig(_Strict):
-    """How each call gets its role IG / AE / RV / OTHER (DESIGN §5)."""
+    """How each call gets its role IG / AE / RV / OTHER (docs/call_credit.md)."""
 
     tool_roles: dict[str, dict[str, str]] = Field(
         default_factory=dict,

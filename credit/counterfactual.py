@@ -253,7 +253,7 @@ def inline_record(rec: CompletionRecord) -> dict[str, Any]:
 def replay_plan(
     records: Sequence[CompletionRecord], record_id: str, alternative: Alternative, *, inline: bool = False
 ) -> dict[str, Any]:
-    """The session plan (DESIGN §3) a runner sends to replace the call `record_id`: replay the recorded
+    """The session plan (docs/contracts.md) a runner sends to replace the call `record_id`: replay the recorded
     main-agent calls before it (`{"replay": id}`, token for token), substitute the alternative, continue live
     (`alternative.then == "recorded"`: replay the recorded calls after it first).
     For `next_best` the substituted step is `{"next_best": {"seed": s, "exclude_record": record_id}}` (the proxy

@@ -173,7 +173,7 @@ class CallGraph:
         return {n.record_id: n.index for n in self.nodes}
 
     def polar_calls(self, chain_kinds: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-        """NEMO.md's `polar_calls`: per call `{call_index, record_id, role, evidence, parents, chain_kind}`."""
+        """docs/nemo.md's `polar_calls`: per call `{call_index, record_id, role, evidence, parents, chain_kind}`."""
         parents: dict[int, list[int]] = {}
         for e in self.edges:
             parents.setdefault(e.dst, []).append(e.src)

@@ -10,7 +10,7 @@ the credit up to the positive scale |Â_τ|, and defined when Â_τ = 0), aggreg
 without AE calls counts as hacked when its IG credit exceeds the margin. Outcome-broadcast credit (Polar's
 per_request: every call gets Â_τ) is `broadcast_factors`, for comparison.
 
-**Weakness report** (DESIGN §5): reads whose observations no later call uses (IG, out-degree 0), edits
+**Weakness report** (docs/call_credit.md): reads whose observations no later call uses (IG, out-degree 0), edits
 never verified (AE without an AE→RV edge), failed verifications with no corrective edit after them.
 This module changes no credit.
 """

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Role of each call: IG (information gathering), AE (action execution), RV (result verification), OTHER.
 
-Signals, in order (DESIGN §5, the proposal's §1.1):
+Signals, in order (docs/call_credit.md, "Roles"):
 1. the tool name, through a per-harness table (`DEFAULT_TOOL_ROLES`; harness adapters may pass their own);
    a shell tool's command goes through `shell.analyse_shell`, and a call with several parts takes its
    strongest effect (`RoleConfig.effect_order`: SUBMIT > AE > RV > EXEC > IG > SETUP > NEUTRAL by default);

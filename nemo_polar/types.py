@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The record types every layer of nemo-polar exchanges (DESIGN §3), with validation and JSON round-trip.
+"""The record types every layer of nemo-polar exchanges (docs/contracts.md), with validation and JSON round-trip.
 
 This module is a leaf: it imports nothing of ours. It defines `CompletionRecord` (one proxied model call),
 `Trace` (one trainer-facing token chain), `Trajectory` (a session's traces and stats), `EvalResult` and
@@ -222,7 +222,7 @@ def _plain(v: Any, compact: bool) -> Any:
 
 @dataclass(slots=True)
 class CompletionRecord(_JsonMixin):
-    """One proxied model call, as committed by the proxy (DESIGN §3).
+    """One proxied model call, as committed by the proxy (docs/contracts.md).
 
     A failed call is a record with `error` set and no training data (empty token arrays).
     `generation_log_probs[i]` is the sampled logprob of `generation_token_ids[i]`.
@@ -384,7 +384,7 @@ def _zero_splits() -> dict[str, int]:
 
 @dataclass(slots=True)
 class TrajectoryStats(_JsonMixin):
-    """Counts every builder reports (DESIGN §3): chains, records, merges, splits by reason, tokens."""
+    """Counts every builder reports (docs/contracts.md): chains, records, merges, splits by reason, tokens."""
 
     chains: int = 0
     records: int = 0

@@ -4,7 +4,7 @@
 #   ~/.cache/nemo-polar/gym-venv-<hash>   (POLAR_CACHE_DIR overrides ~/.cache/nemo-polar)
 #
 # nemo-gym 0.7.0 declares Requires-Python >=3.13.14. On this project's Python 3.11 it installs with
-# `--ignore-requires-python` plus the pins below (NEMO.md), which is what `make test` uses. On Python >= 3.13.14
+# `--ignore-requires-python` plus the pins below (docs/nemo.md), which is what `make test` uses. On Python >= 3.13.14
 # the normal path is `pip install "nemo-polar[gym]"` (no flag, no pins needed).
 #
 # The venv also gets what the polar_swe server process runs: torch (CPU; CALL-CREDIT's annotate imports it),

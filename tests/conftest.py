@@ -2,7 +2,7 @@
 """Suite-wide pytest configuration.
 
 - Loads the shared fixture plugins (the embedded vLLM backend).
-- Under `CI=true`, a skipped test fails the run unless its reason matches the allow-list of DESIGN §10
+- Under `CI=true`, a skipped test fails the run unless its reason matches the allow-list (README.md, "Two commands")
   (things that cannot exist on this machine: docker, apptainer, nemo_rl, sglang, gpu). Everything else the
   suite needs is installed by `make test`, so a skip there means a missing set-up step.
 """

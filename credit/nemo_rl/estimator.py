@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """`CallCreditAdvantageEstimator`: CALL-CREDIT as a NeMo RL GRPO advantage estimator.
 
-NeMo RL's estimator contract is duck-typed (NEMO.md): `__init__(estimator_config, loss_config)` and
+NeMo RL's estimator contract is duck-typed (docs/nemo.md): `__init__(estimator_config, loss_config)` and
 `compute_advantage(prompt_ids, rewards, mask, repeated_batch=None, logprobs_policy=None,
 logprobs_reference=None, **kwargs) -> Tensor[B, S]`. This one returns, per token t of call v(t),
 Ã_t = α·Â_τ + (1−α)·Â_{v(t)} — GRPO's token advantage is Â_τ on every token of the row — as a CPU, detached,

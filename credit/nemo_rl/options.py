@@ -56,7 +56,7 @@ def get_key(obj: Any, key: str, default: Any = None) -> Any:
 
 
 class CallCreditOptions(BaseModel):
-    """The `call_credit:` block under `grpo.adv_estimator` (CALL-CREDIT, DESIGN §5).
+    """The `call_credit:` block under `grpo.adv_estimator` (CALL-CREDIT, docs/call_credit.md).
 
     Own keys: `alpha` fuses GRPO's token advantage with the call credit, Ã_t = α·A_t^GRPO + (1−α)·Â_{v(t)}
     (shorthand for the core's `fusion.alpha`; giving both with different values is an error);

@@ -1,10 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The embedded inference backend: real vLLM on this CPU, serving `smollm2` and `tiny-qwen3` (DESIGN §1, §10).
+"""The embedded inference backend: real vLLM on this CPU, serving `smollm2` and `tiny-qwen3` (docs/backend.md).
 
 `prepare()` builds a separate vllm venv and the model folders under the cache (`POLAR_CACHE_DIR`, else
 `~/.cache/nemo-polar`); `LocalVLLM` serves one model on loopback for the life of a `with` block. The project
 talks to the server over HTTP only, exactly as it would to NeMo RL's vLLM in production; nothing here imports
-vllm. Facts and measurements: `shared/docs/BACKEND.md`.
+vllm. Facts and measurements: docs/backend.md.
 """
 
 from nemo_polar.backend.build import PrepareError, is_prepared, prepare

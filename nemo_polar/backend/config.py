@@ -2,7 +2,7 @@
 """Where the embedded backend lives on disk, what it installs, and how each model is served.
 
 Pure data and path helpers: nothing here touches the network or starts a process. The facts behind the
-numbers (versions, environment variables, KV-cache sizes) are in `shared/docs/BACKEND.md`.
+numbers (versions, environment variables, KV-cache sizes) are in docs/backend.md.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""SWE-Gym / SkyRL-v0-293-data rows → NeMo Gym rows for `polar_swe` and Polar `TaskSpec`s (DESIGN §3).
+"""SWE-Gym / SkyRL-v0-293-data rows → NeMo Gym rows for `polar_swe` and Polar `TaskSpec`s (docs/contracts.md).
 
 Input rows follow SWE-Gym's schema (SWE-bench's): `instance_id`, `repo`, `base_commit`, `problem_statement`,
 `FAIL_TO_PASS`, `PASS_TO_PASS` (lists of pytest node ids, or the JSON-encoded strings SWE-bench ships), `image`

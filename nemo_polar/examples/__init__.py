@@ -3,7 +3,7 @@
 
 Each task is one JSON file next to this module (package data): `problem_statement`, `files` (the repo:
 relative path -> text), `FAIL_TO_PASS` / `PASS_TO_PASS` (pytest node ids, SWE-bench semantics) and two plans
-in DESIGN §3 format — `fix_plan` (harness-neutral `shell` / `edit` / `write` steps, then a text answer) and
+in the plan format of docs/contracts.md — `fix_plan` (harness-neutral `shell` / `edit` / `write` steps, then a text answer) and
 `noop_plan` (a text answer only). The repos use only the standard library (pytest runs their tests); each has a
 `pytest.ini`, so pytest's rootdir is the repo even when the run directory lies inside another project.
 

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A gateway node: staged pools INIT → READY → RUNNING → POSTRUN with independent knobs (seed §3.4, DESIGN §4.7).
+"""A gateway node: staged pools INIT → READY → RUNNING → POSTRUN with independent knobs (docs/architecture.md).
 
 - INIT: `init_workers` workers create the runtime and run the prepare actions; a finished session waits for a
   READY slot (the READY buffer holds `ready_buffer` sessions: its own knob, not tied to the init workers).

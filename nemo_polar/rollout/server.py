@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The rollout server: tasks in, sessions scheduled onto gateway nodes, results streamed out (DESIGN §4 items 4, 7, 8).
+"""The rollout server: tasks in, sessions scheduled onto gateway nodes, results streamed out (docs/architecture.md).
 
 HTTP API (JSON; bad input → 4xx with `{"error": {"message", ...}}`, never a 500):
   POST   /tasks                      a TaskSpec; idempotent by task_id (same spec → 200, different spec → 409)

@@ -75,7 +75,7 @@ def apply_steps(steps: list[dict[str, Any]], workdir: Path, *, run_s: float = 0.
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="A simulated agent (no model): applies a plan, sleeps run_s.")
-    parser.add_argument("--plan", type=Path, help="plan JSON (DESIGN §3 format)")
+    parser.add_argument("--plan", type=Path, help="plan JSON (docs/contracts.md format)")
     parser.add_argument("--run-s", type=float, default=0.0)
     parser.add_argument("--exit-code", type=int, default=0)
     args = parser.parse_args(argv)

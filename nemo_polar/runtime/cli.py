@@ -67,7 +67,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--workdir", required=True, help="the directory the CLI works in (bind-mounted read-write)")
     p.add_argument("--instruction", required=True)
     p.add_argument("--upstream", required=True, help="the inference server (vLLM), e.g. http://127.0.0.1:8000")
-    p.add_argument("--plan", help="a plan JSON file (DESIGN §3); harness-neutral steps are resolved per CLI")
+    p.add_argument("--plan", help="a plan JSON file (docs/contracts.md); harness-neutral steps are resolved per CLI")
     p.add_argument("--out", help="run directory (default runs/session-<harness>)")
     p.add_argument("--model", default="polar", help="the model name the CLI asks for (mapped to the served one)")
     p.add_argument("--builder", default="prefix_merging")

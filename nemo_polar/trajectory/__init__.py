@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Trajectory builders (DESIGN §3–4): turn a session's `CompletionRecord`s into trainer-facing traces.
+"""Trajectory builders (docs/contracts.md): turn a session's `CompletionRecord`s into trainer-facing traces.
 
 `build(records, builder="per_request"|"prefix_merging"|"pkg.mod.fn", **options) -> Trajectory`. Pure functions
 of data: no HTTP, no clock, no tokenizer (end-of-turn ids, the call classifier and policies arrive as options).

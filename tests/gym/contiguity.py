@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A reproduction of NeMo RL's contiguity rule for NeMo Gym rollout records (NEMO.md).
+"""A reproduction of NeMo RL's contiguity rule for NeMo Gym rollout records (docs/nemo.md).
 
 NeMo RL (`nemo_rl/environments/nemo_gym.py`, `_postprocess_nemo_gym_to_nemo_rl_result`) walks
 `response.output`, skips items without (or with empty) `generation_token_ids`, and for every other item asserts

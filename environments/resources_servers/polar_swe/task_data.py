@@ -30,5 +30,5 @@ class TaskData(BaseModel):
     workdir: str | None = Field(default=None, json_schema_extra={"consumed_by": ["provenance"]})
     plan: dict[str, Any] | None = Field(
         default=None,
-        description="optional DESIGN §3 plan that drives the harness (tests and demos; never in training data)",
+        description="optional plan (docs/contracts.md) that drives the harness (tests and demos; never in training data)",
     )

@@ -6,7 +6,7 @@ resolves from Gym's model server config) → `POST /tasks` to the rollout server
 one-sample TaskSpec with the configured `harness` and `builder` → the session's main chain as Gym output items
 whose last item per model call carries `prompt_token_ids` / `generation_token_ids` / `generation_log_probs`
 (one contiguous chain, as NeMo RL requires) → `polar_swe /verify` (swe_tests on a fresh runtime) → the verify
-JSON plus `polar_calls` (NEMO.md: one entry per generated segment of the delivered chain) and `polar` (builder
+JSON plus `polar_calls` (docs/nemo.md: one entry per generated segment of the delivered chain) and `polar` (builder
 stats with `delivered_fraction`, and every other chain, reported rather than silently lost).
 
 The agent runs no model calls itself (`/v1/responses` is refused): the harness talks to the proxy.
@@ -82,7 +82,7 @@ class PolarAgent(SimpleResponsesAPIAgent):
 
     def _upstream(self) -> tuple[str, str | None]:
         """(vLLM base URL, served model): the config's, else the model server's `base_url` and `model` (the
-        vLLM endpoint itself, DESIGN §7), else Gym's own model server URL for this rollout."""
+        vLLM endpoint itself, docs/nemo.md), else Gym's own model server URL for this rollout."""
         model = self.config.model
         if self.config.upstream_url:
             return self.config.upstream_url, model

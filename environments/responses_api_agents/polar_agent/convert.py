@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A Polar `SessionResult` (+ its proxy records) → what a NeMo Gym rollout record carries (DESIGN §9, NEMO.md).
+"""A Polar `SessionResult` (+ its proxy records) → what a NeMo Gym rollout record carries (docs/nemo.md).
 
 - `gym_response`: a Responses-API response whose `output` is the session's MAIN chain as output items (the last
   item of each trained call carries `prompt_token_ids` / `generation_token_ids` / `generation_log_probs`); one
@@ -50,7 +50,7 @@ def gym_response(
 
 
 def polar_calls(result: SessionResult, records: list[CompletionRecord], *, harness: str) -> list[dict[str, Any]]:
-    """NEMO.md's `polar_calls` for the delivered chain: `{call_index, record_id, role, evidence, parents,
+    """docs/nemo.md's `polar_calls` for the delivered chain: `{call_index, record_id, role, evidence, parents,
     chain_kind}` per trained call, in chain order (the graph is built over the whole session)."""
     trace = delivered_trace(result)
     if trace is None or not records:

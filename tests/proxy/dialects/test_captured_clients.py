@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Every model request captured from the real CLIs (tests/data/cli_requests, recorded by the harness work through a
-loopback capture fake) parses, and the wire details HARNESSES.md lists come out normalised as designed."""
+loopback capture fake) parses, and the wire details docs/harnesses.md lists come out normalised as designed."""
 
 from __future__ import annotations
 
