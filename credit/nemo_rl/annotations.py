@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from nemo_polar.errors import PolarError
+from nemo_polar.credit.config import ROLES
 
-from .options import ROLES
+from nemo_polar.errors import PolarError
 
 
 class AnnotationError(PolarError, ValueError):

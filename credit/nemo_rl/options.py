@@ -16,7 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 ESTIMATOR_TARGET = "nemo_polar.credit.nemo_rl.CallCreditAdvantageEstimator"
 ESTIMATOR_NAME = "call_credit"
-ROLES = ("IG", "AE", "RV", "OTHER")
 
 
 def as_plain(obj: Any) -> Any:
