@@ -136,7 +136,7 @@ class GraphConfig(_Strict):
 
 
 class PropagationConfig(_Strict):
-    """Â_v = Â_τ · ω_role(r(v)) · outdeg(v)/Σ_j outdeg(v_j) · γ^(|τ|−pos(v)) and how Â_τ is computed."""
+    """Â_v = Â_τ · ω_role(r(v)) · d(v)/Σ_j d(v_j) · γ^(|τ|−pos(v)), d from `structure`, and how Â_τ is computed."""
 
     omega: dict[str, float] = Field(
         default_factory=lambda: {"AE": 1.0, "IG": 0.6, "RV": 0.3, "OTHER": 0.1},
@@ -145,11 +145,38 @@ class PropagationConfig(_Strict):
     gamma: float = Field(
         default=0.95, gt=0, le=1, description="Temporal discount γ; pos(v) is 1-based, the last call gets 1."
     )
+    structure: Literal["direct", "outdegree"] = Field(
+        default="direct",
+        description=(
+            "The causal-contribution share d(v)/Σd. `direct` (docs/call_credit.md, propagation): the outcome is a "
+            "node of the graph; the edits whose changes survive into the final diff are its direct causes and "
+            "keep credit; reads (and the reverts and failing verifications that led to an edit) earn credit "
+            "through the edits that used them, verifications through the edits they verified. `outdegree`: the "
+            "seed's literal outdeg(v)/Σ outdeg (see `leaf_mode`), kept for comparison."
+        ),
+    )
+    source_weight: Literal["kinds", "edge"] = Field(
+        default="kinds",
+        description=(
+            "`direct`: how an edit splits the credit it passes on among its sources: ω_role of each source times "
+            "the number of evidence kinds of the edge (path, symbol, test: a read whose code the edit quotes counts "
+            "more than a listing that only named the file), or ω_role alone (`edge`)."
+        ),
+    )
+    unverified_weight: float = Field(
+        default=0.25,
+        ge=0,
+        description=(
+            "`direct`: the outcome's weight on a surviving edit that no verification covers, relative to a covered "
+            "one (1: all surviving edits alike; the default 0.25 was chosen on benchmarks/credit_fidelity.py from "
+            "1, 0.5, 0.25, 0, see docs/call_credit.md)."
+        ),
+    )
     leaf_mode: Literal["epsilon", "literal"] = Field(
         default="epsilon",
         description=(
-            "Out-degree-0 calls: `epsilon` gives them degree ε; `literal` gives them zero credit. If every call "
-            "has degree 0 the share is uniform in both modes."
+            "`outdegree` only. Out-degree-0 calls: `epsilon` gives them degree ε; `literal` gives them zero credit. "
+            "If every call has degree 0 the share is uniform in both modes."
         ),
     )
     epsilon: float = Field(
@@ -308,9 +335,13 @@ class MetricsConfig(_Strict):
     """Reward-hacking rate and diagnostics."""
 
     success_threshold: float = Field(default=1.0, description="A trajectory is successful when its reward ≥ this.")
-    hacking_aggregate: Literal["sum", "mean", "max"] = Field(
-        default="sum",
-        description="IG vs AE credit of a trajectory: summed over the role's calls (the credit mass), mean or max.",
+    hacking_aggregate: Literal["mean", "sum", "max"] = Field(
+        default="mean",
+        description=(
+            "IG vs AE credit of a trajectory, compared per call: the mean credit of an IG call against the mean "
+            "credit of an AE call (the proposal's definition); `sum` compares the role's credit mass (a trajectory "
+            "with more reads than edits looks hacked even under equal per-call credit), `max` the best call of each."
+        ),
     )
     hacking_test: Literal["ratio", "zscore"] = Field(
         default="ratio",

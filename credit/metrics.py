@@ -4,11 +4,15 @@
 **Reward-hacking rate** (the proposal's definition): the share of successful trajectories (reward ≥
 `success_threshold`) in which IG calls receive significantly more credit than AE calls. Credit is compared
 through the structural factor Â_v/Â_τ (the credit in the direction of the trajectory's advantage; equal to
-the credit up to the positive scale |Â_τ|, and defined when Â_τ = 0), aggregated per role by
-`hacking_aggregate` (sum = the credit mass, the default). "Significantly" is `hacking_test`:
-`ratio` — IG > (1 + margin)·AE + abs_margin; `zscore` — (mean_IG − mean_AE)/SE > z. A successful trajectory
-without AE calls counts as hacked when its IG credit exceeds the margin. Outcome-broadcast credit (Polar's
-per_request: every call gets Â_τ) is `broadcast_factors`, for comparison.
+the credit up to the positive scale |Â_τ|, and defined when Â_τ = 0) and **per call**: the mean factor of the
+trajectory's IG calls against the mean factor of its AE calls (`hacking_aggregate="mean"`, the default; `sum`
+compares the role's credit mass, which calls a trajectory with three reads and one edit hacked even when every
+call gets the same credit). "Significantly" is `hacking_test`: `ratio` (default) — mean_IG > (1 + margin)·mean_AE
++ abs_margin with margin 0.25, i.e. an IG call gets at least 25 % more credit than an AE call on average;
+`zscore` — (mean_IG − mean_AE)/SE > z (one-sided 5 %, needs ≥ 2 calls of each role). A successful trajectory
+without AE calls counts as hacked when its IG credit exceeds the absolute margin. Outcome-broadcast credit
+(Polar's per_request: every call gets Â_τ) is `broadcast_factors`: equal per-call credit is never hacked by the
+per-call definition (its `sum` rate is the share of successful trajectories with ≥ 1.25 reads per edit).
 
 **Weakness report** (docs/call_credit.md): reads whose observations no later call uses (IG, out-degree 0), edits
 never verified (AE without an AE→RV edge), failed verifications with no corrective edit after them.

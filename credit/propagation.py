@@ -3,11 +3,16 @@
 
     Â_v = Â_τ · ω_role(r(v)) · d(v)/Σ_j d(v_j) · γ^(|τ|−pos(v)) · s_τ   (+ λ·r_RV(v) for RV calls)
 
-with d(v) = outdeg(v) (`leaf_mode="literal"`) or ε for out-degree-0 calls (`"epsilon"`), pos(v) 1-based, and
-s_τ the rescale factor of `PropagationConfig.rescale` (1 for the literal product). Â_τ per GRPO group:
-(R − baseline)/(std + eps) with NeMo RL's conventions (leave-one-out or mean baseline; the std is the
-population std of the same leave-one-out set; groups with ≤ 1 valid sample get advantage 0; no division where
-the std is 0). This module does not read records or touch tokens (`fusion.py` does).
+d(v) is the causal contribution (`PropagationConfig.structure`): `direct` (default, docs/call_credit.md) —
+the outcome is a node of the graph, the surviving edits are its direct causes, reads and verifications earn
+through the edits that used or verified them (`direct_shares`; ω weighs every split there, so it is not applied
+twice); `outdegree` — the seed's literal outdeg(v) (`leaf_mode="literal"`) or ε for out-degree-0 calls
+(`"epsilon"`). pos(v) is 1-based, s_τ the rescale factor of `PropagationConfig.rescale` (1 for the literal
+product). Â_τ per GRPO group: (R − baseline)/(std + eps) with NeMo RL's conventions (leave-one-out or mean
+baseline; the std is the Bessel-corrected std of the same leave-one-out set, as
+`nemo_rl.algorithms.utils.calculate_baseline_and_std_per_prompt`; groups with ≤ 1 valid sample get advantage
+0; no division where the std is 0), so `polar credit` and the trainer compute one Â_τ. This module does not
+read records or touch tokens (`fusion.py` does).
 """
 
 from __future__ import annotations
@@ -19,9 +24,18 @@ from typing import Any
 import torch
 
 from .config import CallCreditConfig, CurationConfig, PropagationConfig
-from .graph import CallGraph
+from .graph import CallGraph, CallNode
 
-__all__ = ["CreditAssignment", "assign", "group_advantages", "propagate", "rv_rewards"]
+__all__ = [
+    "CreditAssignment",
+    "assign",
+    "direct_shares",
+    "group_advantages",
+    "is_revert",
+    "propagate",
+    "rv_rewards",
+    "surviving_edits",
+]
 
 
 def group_advantages(
@@ -33,7 +47,7 @@ def group_advantages(
     std_eps: float = 1e-6,
     valid: torch.Tensor | Sequence[bool] | None = None,
 ) -> torch.Tensor:
-    """GRPO's per-sample advantage.
+    """GRPO's per-sample advantage, exactly as NeMo RL's GRPO computes it (`nemo_rl.baseline`, tested equal).
 
     Args:
         rewards: [N] rewards.
@@ -51,6 +65,7 @@ def group_advantages(
         raise ValueError(f"{len(keys)} group ids for {n} rewards")
     base = torch.zeros(n, dtype=torch.float64)
     sq = torch.zeros(n, dtype=torch.float64)
+    var = torch.zeros(n, dtype=torch.float64)
     groups: dict[Hashable, list[int]] = {}
     for i, k in enumerate(keys):
         groups.setdefault(k, []).append(i)
@@ -58,17 +73,20 @@ def group_advantages(
     for idx_list in groups.values():
         idx = torch.tensor(idx_list)
         rg, vg = r[idx], v[idx]
-        if vg.sum() <= 1:
-            base[idx] = rg  # nothing to compare against: advantage 0
+        if vg.sum() <= 1 or bool((rg[vg > 0] == rg[vg > 0][0]).all()):
+            base[idx] = rg  # nothing to compare against, or no spread: advantage exactly 0 (not rounding noise)
             continue
         m = len(idx_list)
         mat = torch.ones(m, m, dtype=torch.float64) - (torch.eye(m, dtype=torch.float64) if loo else 0.0)
         num = vg.sum() - (1.0 if loo else 0.0)
         base[idx] = (mat @ (rg * vg)) / num
+        # the Bessel-corrected variance of the `num` rewards (NeMo RL's); one reward has no spread
+        bessel = float(num / (num - 1)) if num > 1 else 0.0
         sq[idx] = (mat @ (rg.square() * vg)) / num
+        var[idx] = (sq[idx] - base[idx].square()).clamp_min(0.0) * bessel
     adv = r - base
     if normalize_std:
-        std = (sq - base.square()).clamp_min(0.0).sqrt()
+        std = var.sqrt()
         nz = std > 0
         adv = torch.where(nz, adv / (std + std_eps), adv)
     return adv
@@ -148,6 +166,96 @@ class CreditAssignment:
         }
 
 
+_REVERT_EVIDENCE = ("shell:git checkout", "shell:git restore", "shell:git stash", "shell:git reset")
+
+
+def is_revert(node: CallNode) -> bool:
+    """An AE call that restores files (`git checkout/restore/stash/reset`): its change is the absence of one."""
+    return node.role == "AE" and any(e.startswith(_REVERT_EVIDENCE) for e in node.evidence)
+
+
+def _path_key(p: str) -> str:
+    parts = [x for x in p.strip().split("/") if x and x not in (".", "..")]
+    return "/".join(parts[-2:])
+
+
+def surviving_edits(graph: CallGraph) -> list[int]:
+    """AE calls whose changes survive into the final diff: every edit that no later revert of one of its paths
+    undid (a revert with no recorded paths undoes every earlier edit). Reverts themselves are not surviving
+    edits. Graphs without paths (NeMo RL annotations) have no reverts: every AE call survives."""
+    out = []
+    nodes = graph.nodes
+    for i, nd in enumerate(nodes):
+        if nd.role != "AE" or is_revert(nd):
+            continue
+        mine = {_path_key(p) for p in nd.paths_written}
+        undone = False
+        for later in nodes[i + 1 :]:
+            if is_revert(later):
+                theirs = {_path_key(p) for p in later.paths_written}
+                if not theirs or not mine or (mine & theirs):
+                    undone = True
+                    break
+        if not undone:
+            out.append(i)
+    return out
+
+
+def direct_shares(
+    graph: CallGraph, omega: Mapping[str, float], source_weight: str = "kinds", unverified_weight: float = 1.0
+) -> torch.Tensor | None:
+    """d(v) of `structure="direct"`: credit flowing back from the outcome node (docs/call_credit.md).
+
+    The outcome Y is a node whose parents are the surviving edits (`surviving_edits`): Y gives each ω(AE), or
+    ω(AE)·`unverified_weight` when no verification covers it. An edit splits what it receives among itself
+    (weight ω(AE)), its sources and its verifiers (weight ω of their role, times the share of evidence kinds —
+    path, symbol, test — the edge carries with `source_weight="kinds"`, 1 with `"edge"`):
+    - an edit's sources are its graph parents that informed it: reads (IG), verifications whose output it used
+      (RV) and reverts (they made room for it); earlier edits are not sources (they survive or were undone on
+      their own), and undone edits receive nothing;
+    - its verifiers are the verifications that cover it (AE→RV edges).
+    A source or verifier keeps the largest share any one of its edits gave it (not the sum over edits), so no read
+    earns more than the edit it informed; one hop, so a listing that every later call mentions does not collect
+    a chain's credit. Returns None when no edit survives (the caller falls back to the out-degree share).
+    """
+    n = len(graph.nodes)
+    roles = graph.roles()
+    survivors = surviving_edits(graph)
+    if not survivors:
+        return None
+    alive = set(survivors)
+    reverts = {i for i, nd in enumerate(graph.nodes) if is_revert(nd)}
+    parents: dict[int, list[tuple[int, float]]] = {}
+    verifiers: dict[int, list[tuple[int, float]]] = {}
+    for e in graph.edges:
+        kinds = min(len(e.kinds), 3) / 3.0 if source_weight == "kinds" else 1.0
+        rs, rd = roles[e.src], roles[e.dst]
+        if rs == "AE" and rd == "RV":
+            if e.src in alive:
+                verifiers.setdefault(e.src, []).append((e.dst, kinds))
+            continue
+        if rd != "AE":
+            continue
+        if rs in ("IG", "RV") or e.src in reverts:
+            parents.setdefault(e.dst, []).append((e.src, kinds))
+    w = [float(omega.get(r, omega.get("OTHER", 0.0))) for r in roles]
+    kept = [0.0] * n
+    base = {v: w[v] * (1.0 if verifiers.get(v) else unverified_weight) for v in survivors}
+    if sum(base.values()) <= 0.0:
+        base = {v: w[v] for v in survivors}
+    for v in survivors:
+        shares = [(v, w[v])]
+        shares += [(p, w[p] * k) for p, k in parents.get(v, []) if p < v]
+        shares += [(r, w[r] * k) for r, k in verifiers.get(v, [])]
+        total = sum(x for _, x in shares)
+        for u, x in shares:
+            if u == v:
+                kept[u] += base[v] * x / total
+            else:  # a source or verifier keeps what its most important use gave it, never the sum over uses
+                kept[u] = max(kept[u], base[v] * x / total)
+    return torch.tensor(kept, dtype=torch.float64)
+
+
 def propagate(
     graph: CallGraph,
     advantage: float,
@@ -167,15 +275,20 @@ def propagate(
     empty = torch.zeros(0, dtype=torch.float64)
     if n == 0:
         return empty, {"factor": empty, "omega": empty, "share": empty, "discount": empty, "scale": 1.0}
-    deg = torch.tensor(graph.out_degree(), dtype=torch.float64)
-    d = torch.where(deg > 0, deg, torch.full_like(deg, cfg.epsilon)) if cfg.leaf_mode == "epsilon" else deg
-    if float(d.sum()) <= 0:
-        d = torch.ones(n, dtype=torch.float64)
-    share = d / d.sum()
+    om = torch.tensor([w.get(nd.role, w.get("OTHER", 0.0)) for nd in graph.nodes], dtype=torch.float64)
     pos = torch.arange(1, n + 1, dtype=torch.float64)
     discount = torch.pow(torch.tensor(cfg.gamma, dtype=torch.float64), n - pos)
-    om = torch.tensor([w.get(nd.role, w.get("OTHER", 0.0)) for nd in graph.nodes], dtype=torch.float64)
-    f = om * share * discount
+    direct = direct_shares(graph, w, cfg.source_weight, cfg.unverified_weight) if cfg.structure == "direct" else None
+    if direct is not None and float(direct.sum()) > 0:
+        share = direct / direct.sum()
+        f = share * discount  # ω already weighed every split of the flow
+    else:
+        deg = torch.tensor(graph.out_degree(), dtype=torch.float64)
+        d = torch.where(deg > 0, deg, torch.full_like(deg, cfg.epsilon)) if cfg.leaf_mode == "epsilon" else deg
+        if float(d.sum()) <= 0:
+            d = torch.ones(n, dtype=torch.float64)
+        share = d / d.sum()
+        f = om * share * discount
     total = float(f.sum())
     if cfg.rescale == "none" or total <= 0:
         scale = 1.0

@@ -97,18 +97,30 @@ def test_step_prefers_counterfactuals_in_auto() -> None:
 
 
 def test_reward_hacking_rate_definition() -> None:
-    # many unused reads and one edit: broadcast credit gives IG most of the mass; CALL-CREDIT does not
+    # many unused reads and one edit: IG calls get less credit per call than the edit
     roles = ["IG"] * 6 + ["AE", "RV"]
     g = synthetic_graph(roles, [(0, 6), (6, 7)])
     a = assign([g, g], [1.0, 0.0])
     rep = reward_hacking([g, g], [1.0, 0.0], [x.factor for x in a])
     assert rep["n_successful"] == 1 and rep["rate"] == 0.0
-    # with a large leaf degree ε the five unused reads together outweigh the edit again
-    loose = CallCreditConfig(propagation=PropagationConfig(epsilon=0.5))
-    assert reward_hacking([g, g], [1.0, 0.0], [x.factor for x in assign([g, g], [1.0, 0.0], loose)])["rate"] == 1.0
+    # compared per call, broadcast credit (equal for every call) is never hacked; summed over the unequal counts
+    # of reads and edits (the old definition) the six reads outweigh the one edit
     rep_b = reward_hacking([g, g], [1.0, 0.0], [broadcast_factors(g)] * 2)
-    assert rep_b["rate"] == 1.0 and rep_b["sessions"] == ["g"]
-    assert rep_b["per_harness"]["claude_code"]["n_hacked"] == 1
+    assert rep_b["rate"] == 0.0
+    summed = MetricsConfig(hacking_aggregate="sum")
+    rep_s = reward_hacking([g, g], [1.0, 0.0], [broadcast_factors(g)] * 2, summed)
+    assert rep_s["rate"] == 1.0 and rep_s["sessions"] == ["g"]
+    assert rep_s["per_harness"]["claude_code"]["n_hacked"] == 1
+    # one read that three edits used: the literal out-degree share credits the read above every edit (hacked);
+    # the direct structure credits the edits and the read through them (not hacked)
+    h = synthetic_graph(["IG", "AE", "AE", "AE"], [(0, 1), (0, 2), (0, 3)])
+    literal = CallCreditConfig(propagation=PropagationConfig(structure="outdegree", leaf_mode="literal"))
+    f_lit = assign([h, h], [1.0, 0.0], literal)[0].factor
+    assert float(f_lit[0]) > float(f_lit[1:].max())
+    assert reward_hacking([h], [1.0], [f_lit])["rate"] == 1.0
+    f_dir = assign([h, h], [1.0, 0.0])[0].factor
+    assert float(f_dir[0]) < float(f_dir[1:].min())
+    assert reward_hacking([h], [1.0], [f_dir])["rate"] == 0.0
     # "significantly" is an option
     f = torch.tensor([1.2, 1.0])
     assert not is_hacked(["IG", "AE"], f, MetricsConfig(hacking_margin=0.25))

@@ -141,13 +141,15 @@ def test_correction_modes() -> None:
 
 def test_next_best_uses_seeded_sampling() -> None:
     graphs, rewards, records = _batch()
-    recorded = json.loads(records[0][4].response["tool_calls"][0]["function"]["arguments"])
+    cfg = CounterfactualConfig(alternative="next_best", budget=1, seed=11)
+    [(t, k)] = select_calls(graphs, assign(graphs, rewards), cfg)
+    assert graphs[t].nodes[k].role == "AE"
+    recorded = json.loads(records[t][k].response["tool_calls"][0]["function"]["arguments"])
     candidates = [
         {"tool": "Edit", "arguments": recorded},  # identical to the recorded call: never chosen
         {"tool": "Edit", "arguments": {"file_path": SRC, "old_string": "(s, FMT)", "new_string": "(s.strip(), FMT)"}},
         {"tool": "Edit", "arguments": {"file_path": SRC, "old_string": "(s, FMT)", "new_string": "(s, 'x')"}},
     ]
-    cfg = CounterfactualConfig(alternative="next_best", budget=1, seed=11)
 
     def run(seed: int) -> list:
         runner = InProcessRunner(INITIAL, fixed, candidates=candidates)

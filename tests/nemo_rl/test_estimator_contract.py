@@ -23,6 +23,7 @@ from .nemo_rl_repro import build_batch, reference_grpo
 
 PROPAGATION = {
     "gamma": 0.5,
+    "structure": "outdegree",  # the hand computations below are the seed's literal out-degree share
     "leaf_mode": "epsilon",
     "epsilon": 0.5,
     "rescale": "none",
