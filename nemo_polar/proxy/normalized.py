@@ -26,6 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from nemo_polar.errors import PolarError
+
 __all__ = [
     "ChatRequest",
     "ChatResult",
@@ -177,7 +179,7 @@ class RouteMatch:
     headers: dict[str, str] = field(default_factory=dict)
 
 
-class ProviderError(Exception):
+class ProviderError(PolarError):
     """A failure to report to the caller in its own provider's error shape.
 
     `status` is the HTTP status; `kind` a provider-neutral category the dialect maps to its own error type:

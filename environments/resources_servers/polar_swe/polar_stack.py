@@ -16,6 +16,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
+from nemo_polar.errors import PolarError
 from nemo_polar.rollout.stack import OPTION_GROUPS, Stack, StackConfig, start_stack
 from nemo_polar.types import CompletionRecord
 
@@ -28,7 +29,7 @@ log = logging.getLogger(__name__)
 GYM_FIELD = {"upstreams": "upstream_urls"}
 
 
-class UpstreamMismatch(ValueError):
+class UpstreamMismatch(PolarError, ValueError):
     """A seed asked for an upstream other than the one this process already proxies."""
 
 
