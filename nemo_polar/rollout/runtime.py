@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
 
+from nemo_polar.errors import PolarError
 from nemo_polar.rollout.spec import RuntimeSpec
 
 __all__ = ["ExecResult", "LocalRuntime", "Runtime", "RuntimeSetupError", "SandboxRuntime", "create_runtime"]
@@ -33,7 +34,7 @@ _TAIL = 64 * 1024
 _GIT_EXCLUDES = "__pycache__/\n*.pyc\n.pytest_cache/\n.polar/\n"
 
 
-class RuntimeSetupError(RuntimeError):
+class RuntimeSetupError(PolarError, RuntimeError):
     """A runtime could not be created (bad source, unavailable isolation, setup command failed)."""
 
 
