@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Plan steps turned into what the engine must produce (DESIGN §3 "Plan").
+"""Plan steps turned into what the engine must produce (docs/contracts.md, "Plans").
 
 - `{"tool": name, "arguments": {...}}` → the exact text of that tool call in the served model's tool-call format
   (Hermes JSON: `<tool_call>\\n{"name": …, "arguments": …}\\n</tool_call>`; Qwen3-Coder XML), forced through

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Prefix-preserving generation against stock vLLM (DESIGN §3): the proxy splices the chain tip itself.
+"""Prefix-preserving generation against stock vLLM (docs/contracts.md): the proxy splices the chain tip itself.
 
 Chat templates re-render history (Qwen3 drops `<think>` blocks; with thinking off every generation prompt ends in an
 empty `<think>\\n\\n</think>\\n\\n` that the re-rendered history lacks), so the prompt of call n+1 rendered from

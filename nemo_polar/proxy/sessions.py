@@ -43,7 +43,7 @@ class SessionError(PolarError):
 
 @dataclass(slots=True)
 class Plan:
-    """A resolved plan (DESIGN §3): steps for main-agent calls in arrival order, and the side-call policy."""
+    """A resolved plan (docs/contracts.md): steps for main-agent calls in arrival order, and the side-call policy."""
 
     steps: list[dict[str, Any]] = field(default_factory=list)
     side: Any = "live"

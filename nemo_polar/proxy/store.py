@@ -2,7 +2,7 @@
 """The proxy's durable record store: one SQLite database (WAL) per store directory.
 
 `RecordStore.commit(record)` returns once the record is on disk; the proxy awaits it before the reply's terminal
-part leaves (DESIGN §3 durability rule). Concurrent commits are batched: a single writer thread drains every
+part leaves (docs/contracts.md, "Durability"). Concurrent commits are batched: a single writer thread drains every
 pending write into one transaction, commits it, then resolves all their futures, so 64 concurrent replies cost one
 fsync, not 64. Token arrays are stored compactly (`CompletionRecord.to_json(compact=True)`: base64 int32/float64).
 
