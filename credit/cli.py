@@ -8,7 +8,9 @@ prints the same as JSON. `--config` takes a YAML or JSON `CallCreditConfig`. The
 `--counterfactual URL` calibrates the selected AE calls by counterfactual replay through the rollout server at URL
 (`polar serve --upstream …`; the config key `counterfactual.rollout_url` does the same): each session's task from
 `RUN_DIR/tasks.jsonl` re-runs with the recorded calls before k replayed and `--alternative` at k (`next_best`, or
-`plan` with `--plans FILE`: a JSON object mapping record ids to plan steps, e.g. `{"edit": {path, old, new}}`).
+`plan` with `--plans FILE`: a JSON object mapping record ids to plan steps, e.g. `{"edit": {path, old, new}}`;
+`second_best` needs a proxy that serves the `second_best` plan step). Calibration is off by default (budget 0):
+`--budget N` turns it on; `--select uncertain` spends the budget where rule credit and a cheap estimate disagree.
 """
 
 from __future__ import annotations
@@ -33,7 +35,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", default="credit.jsonl", help="output file name inside RUN_DIR")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
     p.add_argument("--counterfactual", metavar="URL", default=None, help="calibrate through this rollout server")
-    p.add_argument("--alternative", choices=("next_best", "plan"), default=None, help="what replaces call k")
+    p.add_argument(
+        "--alternative", choices=("next_best", "second_best", "plan"), default=None, help="what replaces call k"
+    )
+    p.add_argument(
+        "--select", choices=("credit", "uncertain"), default=None, help="which AE calls get the replay budget"
+    )
     p.add_argument("--plans", type=Path, default=None, help="JSON object: record id -> plan step (alternative plan)")
     p.add_argument("--budget", type=int, default=None, help="counterfactual runs in all")
     p.set_defaults(func=_main)
@@ -67,6 +74,7 @@ def _main(args: argparse.Namespace) -> int:
                 ("rollout_url", args.counterfactual),
                 ("alternative", args.alternative),
                 ("budget", args.budget),
+                ("select", args.select),
             )
             if v is not None
         }
@@ -77,6 +85,11 @@ def _main(args: argparse.Namespace) -> int:
         if plans is not None and not isinstance(plans, dict):
             raise ValueError("--plans must hold a JSON object: record id -> plan step")
         cf = cfg.counterfactual
+        if cf.rollout_url and cf.budget == 0:
+            raise ValueError(
+                "counterfactual calibration is off by default (counterfactual.budget = 0; it did not improve credit "
+                "on the fidelity benchmark): pass --budget N to run N replays"
+            )
         if cf.rollout_url and cf.alternative == "plan" and not plans:
             raise ValueError("alternative 'plan' needs --plans (record id -> the plan step that replaces it)")
     except (ValidationError, ValueError, OSError) as exc:

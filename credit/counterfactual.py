@@ -23,7 +23,7 @@ from nemo_polar.types import CompletionRecord
 
 from .config import CounterfactualConfig
 from .graph import CallGraph
-from .propagation import CreditAssignment
+from .propagation import CreditAssignment, path_key, surviving_edits
 
 __all__ = [
     "Alternative",
@@ -35,6 +35,7 @@ __all__ = [
     "calibrate",
     "corrected_credit",
     "inline_record",
+    "observational_delta",
     "replay_plan",
     "select_calls",
 ]
@@ -42,7 +43,8 @@ __all__ = [
 
 @dataclass(frozen=True, slots=True)
 class Alternative:
-    """What replaces call k: `next_best` (seeded n>1 sampling, best non-identical) or `plan` (a plan step)."""
+    """What replaces call k: `next_best` (seeded n>1 sampling, best non-identical), `second_best` (the model's
+    second-most-likely output: second-ranked first token, then greedy) or `plan` (a plan step)."""
 
     kind: str = "next_best"
     step: Mapping[str, Any] | None = None
@@ -103,6 +105,31 @@ class Measurement:
         return self.reward_original - self.outcome.reward
 
 
+def _edited(graph: CallGraph, survivors: Sequence[int]) -> set[str]:
+    return {path_key(p) for i in survivors for p in graph.nodes[i].paths_written}
+
+
+def observational_delta(
+    graphs: Sequence[CallGraph], assignments: Sequence[CreditAssignment], t: int, k: int, reward_range: float = 1.0
+) -> float | None:
+    """A cheap estimate of Δ_k/R without a replay: R(τ) minus the mean reward of the other trajectories of τ's
+    GRPO group whose surviving edits touch none of call k's files (None when the group has no such trajectory).
+    Without recorded paths (NeMo RL annotations) the comparison set is the trajectories with no surviving edit."""
+    a, g = assignments[t], graphs[t]
+    mine = {path_key(p) for p in g.nodes[k].paths_written}
+    others = []
+    for u, (gu, au) in enumerate(zip(graphs, assignments, strict=True)):
+        if u == t or au.group_id != a.group_id:
+            continue
+        theirs = _edited(gu, surviving_edits(gu))
+        untouched = not (mine & theirs) if mine else not surviving_edits(gu)
+        if untouched:
+            others.append(au.reward)
+    if not others:
+        return None
+    return (a.reward - sum(others) / len(others)) / reward_range
+
+
 def select_calls(
     graphs: Sequence[CallGraph],
     assignments: Sequence[CreditAssignment],
@@ -110,15 +137,25 @@ def select_calls(
     *,
     success_threshold: float = 1.0,
 ) -> list[tuple[int, int]]:
-    """(trajectory, call) pairs to calibrate: AE calls ranked by |Â_v| (ties: the structural factor, then order),
-    at most `max_per_trajectory` per trajectory, `budget` in all, only successful trajectories by default."""
+    """(trajectory, call) pairs to calibrate, at most `max_per_trajectory` per trajectory, `budget` in all, only
+    successful trajectories by default. AE calls ranked by |Â_v| (`select="credit"`; ties: the structural factor,
+    then order) or by uncertainty (`select="uncertain"`): |Â_v/max_j Â_j − `observational_delta`|, the rule's
+    relative credit against the cheap estimate (no estimate: maximal uncertainty, 1)."""
     cfg = config or CounterfactualConfig()
     cands: list[tuple[float, float, int, int]] = []
     for t, (g, a) in enumerate(zip(graphs, assignments, strict=True)):
         if cfg.only_successful and a.reward < success_threshold:
             continue
+        top = float(a.factor.abs().max()) if len(a.factor) else 0.0
         for k, node in enumerate(g.nodes):
-            if node.role == "AE":
+            if node.role != "AE":
+                continue
+            if cfg.select == "uncertain":
+                est = observational_delta(graphs, assignments, t, k, cfg.reward_range)
+                rel = float(a.factor[k]) / top if top > 0 else 0.0
+                score = 1.0 if est is None else abs(rel - est)
+                cands.append((score, abs(float(a.credit[k])), t, k))
+            else:
                 cands.append((abs(float(a.credit[k])), float(a.factor[k]), t, k))
     cands.sort(key=lambda c: (-c[0], -c[1], c[2], c[3]))
     per: dict[int, int] = {}
@@ -273,6 +310,11 @@ def replay_plan(
         if alternative.step is None:
             raise ValueError("alternative 'plan' needs a step")
         steps.append(dict(alternative.step))
+    elif alternative.kind == "second_best":
+        sb: dict[str, Any] = {"exclude_record": record_id}
+        if inline:
+            sb["exclude_response"] = main[pos].response
+        steps.append({"second_best": sb})
     else:
         nb: dict[str, Any] = {"seed": alternative.seed, "exclude_record": record_id}
         if alternative.n is not None:

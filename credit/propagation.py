@@ -32,6 +32,7 @@ __all__ = [
     "direct_shares",
     "group_advantages",
     "is_revert",
+    "path_key",
     "propagate",
     "rv_rewards",
     "surviving_edits",
@@ -174,7 +175,8 @@ def is_revert(node: CallNode) -> bool:
     return node.role == "AE" and any(e.startswith(_REVERT_EVIDENCE) for e in node.evidence)
 
 
-def _path_key(p: str) -> str:
+def path_key(p: str) -> str:
+    """A path's last two components: `/repo/src/a/b.py`, `src/a/b.py` and `a/b.py` are one file."""
     parts = [x for x in p.strip().split("/") if x and x not in (".", "..")]
     return "/".join(parts[-2:])
 
@@ -188,11 +190,11 @@ def surviving_edits(graph: CallGraph) -> list[int]:
     for i, nd in enumerate(nodes):
         if nd.role != "AE" or is_revert(nd):
             continue
-        mine = {_path_key(p) for p in nd.paths_written}
+        mine = {path_key(p) for p in nd.paths_written}
         undone = False
         for later in nodes[i + 1 :]:
             if is_revert(later):
-                theirs = {_path_key(p) for p in later.paths_written}
+                theirs = {path_key(p) for p in later.paths_written}
                 if not theirs or not mine or (mine & theirs):
                     undone = True
                     break

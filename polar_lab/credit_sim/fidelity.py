@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from nemo_polar.credit import CallCreditConfig, CoevolutionState, annotate, assign, calibrate, reward_hacking
 from nemo_polar.credit.coevolution import step as coevolution_step
+from nemo_polar.credit.config import CounterfactualConfig
 from nemo_polar.credit.counterfactual import Alternative, CounterfactualRequest
 from nemo_polar.credit.fusion import fuse_row, trace_spans
 from nemo_polar.credit.graph import CallGraph
@@ -53,16 +54,33 @@ __all__ = [
     "summarize",
 ]
 
-ARMS = ("broadcast", "uniform", "rules", "calibrated", "omega")
+ARMS = ("broadcast", "uniform", "literal", "rules", "calibrated", "omega")
 ARM_LABELS = {
     "broadcast": "(a) outcome broadcast",
     "uniform": "(b) uniform per-step",
+    "literal": "(c0) seed formula",
     "rules": "(c) CALL-CREDIT rules",
     "calibrated": "(d) + counterfactual",
     "omega": "(e) after ω adaptation",
 }
 BUILDERS = ("call", "per_request", "prefix_merging")
-METRICS = ("rho", "hack", "irr_pos")
+METRICS = ("rho", "hack", "hack_sum", "irr_pos")
+# the seed's literal formula, printed beside the defaults: out-degree share, zero for out-degree-0 calls
+LITERAL = {"structure": "outdegree", "leaf_mode": "literal"}
+
+
+# arm (d): calibration is off by default (budget 0); the arm measures it at its former default budget
+CALIBRATION_BUDGET = 8
+
+
+def calibration_config(cfg: CallCreditConfig) -> CounterfactualConfig:
+    cf = cfg.counterfactual
+    return cf if cf.budget > 0 else cf.model_copy(update={"budget": CALIBRATION_BUDGET})
+
+
+def literal_config(cfg: CallCreditConfig) -> CallCreditConfig:
+    prop = cfg.propagation.model_copy(update=LITERAL)
+    return cfg.model_copy(update={"propagation": prop})
 
 
 def _seeded(*parts: Any) -> random.Random:
@@ -189,6 +207,9 @@ def arm_credits(
             adv,
             0.0,
         ),
+        "literal": _from_assignments(
+            assign(b.graphs, b.rewards, literal_config(cfg), group_ids=b.group_ids), cfg.fusion.alpha
+        ),
         "rules": _from_assignments(rules, cfg.fusion.alpha),
     }
     cal = assign(b.graphs, b.rewards, cfg, group_ids=b.group_ids)
@@ -198,7 +219,7 @@ def arm_credits(
             cal,
             b.records,
             runner,
-            cfg.counterfactual,
+            calibration_config(cfg),
             k_variants=1,
             success_threshold=cfg.metrics.success_threshold,
         )
@@ -220,7 +241,7 @@ def adapt_omega(
         b = make_batch(scenario, seed, f"adapt{i}", HELD_IN, fc.adapt_tasks, fc.samples, None, runner, builders=False)
         a = assign(b.graphs, b.rewards, cfg, group_ids=b.group_ids, omega=state.omega)
         ms = asyncio.run(
-            calibrate(b.graphs, a, b.records, runner, cfg.counterfactual,
+            calibrate(b.graphs, a, b.records, runner, calibration_config(cfg),
                       success_threshold=cfg.metrics.success_threshold)
         )  # fmt: skip
         state = coevolution_step(state, b.graphs, b.rewards, cfg, group_ids=b.group_ids, measurements=ms)
@@ -289,11 +310,16 @@ def measure(b: Batch, arm: ArmCredit, builder: str, cfg: CallCreditConfig) -> di
     pos = [max(c, 0.0) for c in flat_c]
     total = sum(pos)
     irr = sum(p for p, i in zip(pos, flat_irr, strict=True) if i)
-    hack = reward_hacking(b.graphs, b.rewards, factors, cfg.metrics)["rate"]
+    rep = reward_hacking(b.graphs, b.rewards, factors, cfg.metrics)
+    hack = rep["rate"]
+    summed = cfg.metrics.model_copy(update={"hacking_aggregate": "sum"})
+    hack_sum = reward_hacking(b.graphs, b.rewards, factors, summed)["rate"]
     return {
         "rho": spearman(flat_c, flat_d),
         "hack": float("nan") if hack is None else float(hack),
+        "hack_sum": float("nan") if hack_sum is None else float(hack_sum),
         "irr_pos": irr / total if total > 0 else float("nan"),
+        "per_harness": {h: (d["n_hacked"], d["n_successful"]) for h, d in rep["per_harness"].items()},
     }
 
 
@@ -338,7 +364,7 @@ def run(fc: FidelityConfig, tok: ChatTokenizer, cfg: CallCreditConfig | None = N
     """Every scenario × seed: held-in and held-out batches, five arms, three builders, three metrics."""
     cfg = cfg or CallCreditConfig()
     results: dict[tuple[str, str, str, str], dict[str, list[float]]] = {}
-    extras: dict[str, Any] = {"omega": {}, "truth": [], "chains": {}, "calibrated": {}}
+    extras: dict[str, Any] = {"omega": {}, "truth": [], "chains": {}, "calibrated": {}, "harness": {}}
     for scenario in fc.scenarios:
         for seed in fc.seeds:
             runner = SimulatorRunner(seed=seed)
@@ -360,6 +386,10 @@ def run(fc: FidelityConfig, tok: ChatTokenizer, cfg: CallCreditConfig | None = N
                         slot = results.setdefault((scenario, split, builder, arm_name), {k: [] for k in METRICS})
                         for key in METRICS:
                             slot[key].append(m[key])
+                        for h, (nh, ns) in m["per_harness"].items():
+                            cell = extras["harness"].setdefault((scenario, h, builder, arm_name), [0, 0])
+                            cell[0] += nh
+                            cell[1] += ns
                 if split == "held-in" and fc.truth_calls > 0:
                     extras["truth"].extend(truth_check(b, runner, fc.truth_calls, fc.truth_runs, seed))
     return {"results": results, "extras": extras, "config": fc}
@@ -374,6 +404,26 @@ def _cell(values: Sequence[float]) -> str:
     return f"{m:+.3f} ± {h:.3f}"
 
 
+def _harness_table(cells: dict[tuple[str, str, str, str], list[int]], fc: FidelityConfig) -> str:
+    """Reward-hacking rate per harness vocabulary (held-in and held-out pooled over seeds: hacked/successful)."""
+    arms = ("literal", "rules")
+    cols = [(b, a) for a in arms for b in BUILDERS]
+    head = "".join(f"{(ARM_LABELS[a].split(' ')[0] + ' ' + b)[:16]:>17}" for b, a in cols)
+    lines = [f"reward-hacking rate per harness (hacked / successful sessions over {len(fc.seeds)} seeds)"]
+    for scenario in fc.scenarios:
+        harnesses = sorted({h for (sc, h, _, _) in cells if sc == scenario})
+        if not harnesses:
+            continue
+        lines.append(f"{scenario:<16}{head}")
+        for h in harnesses:
+            row = ""
+            for b, a in cols:
+                nh, ns = cells.get((scenario, h, b, a), [0, 0])
+                row += f"{(f'{nh / ns:.3f} ({nh}/{ns})' if ns else 'n/a'):>17}"
+            lines.append(f"  {h:<14}{row}")
+    return "\n".join(lines)
+
+
 def format_table(out: dict[str, Any]) -> str:
     """The report: per scenario and vocabulary split, rows = builder × arm, columns = ρ, hack, irr+."""
     res = out["results"]
@@ -382,10 +432,11 @@ def format_table(out: dict[str, Any]) -> str:
     lines = [
         f"credit fidelity: {len(fc.seeds)} seeds, {fc.samples} samples per task, held-in {fc.tasks_in} tasks "
         f"({', '.join(HELD_IN)}), held-out {fc.tasks_out} tasks ({HELD_OUT}); mean ± 95% t-interval over seeds",
-        "ρ = Spearman(credit, true effect δ) over all calls; hack = reward-hacking rate (metrics.reward_hacking); "
-        "irr+ = share of positive credit on irrelevant calls",
+        "ρ = Spearman(credit, true effect δ) over all calls; hack = reward-hacking rate (metrics.reward_hacking: "
+        "mean IG vs mean AE credit per call, 25% margin); hack Σ = the same on each role's summed credit (the old "
+        "definition); irr+ = share of positive credit on irrelevant calls; (c0) = the seed's literal formula",
     ]
-    header = f"{'builder':<15}{'arm':<25}{'ρ':^17}{'hack':^17}{'irr+':^17}"
+    header = f"{'builder':<15}{'arm':<25}{'ρ':^17}{'hack':^17}{'hack Σ':^17}{'irr+':^17}"
     for scenario in fc.scenarios:
         for split in ("held-in", "held-out"):
             if not any((scenario, split, b, a) in res for b in BUILDERS for a in ARMS):
@@ -405,6 +456,7 @@ def format_table(out: dict[str, Any]) -> str:
                         continue
                     cells = "".join(f"{_cell(slot[k]):^17}" for k in METRICS)
                     lines.append(f"{builder:<15}{ARM_LABELS[arm]:<25}{cells}")
+    lines += ["", _harness_table(ex["harness"], fc)]
     for scenario, omegas in ex["omega"].items():
         mean = {r: sum(o[r] for o in omegas) / len(omegas) for r in omegas[0]}
         lines.append(

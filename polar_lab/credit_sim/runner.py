@@ -9,6 +9,7 @@ session's recorded calls before k, in order; the substituted step is then played
 - `{"text": …}` (alternative `plan`): a reply with no action (`NULL`);
 - `{"next_best": {"seed", "exclude_record"}}` (the core's default): n = 4 seeded samples from the agent's policy in
   s_k, the first that differs from the recorded action (`NULL` if none does);
+- `{"second_best": {"exclude_record"}}`: the policy's most likely action in s_k other than the recorded one;
 
 followed by live continuation (the agent's policy), and the reward is drawn from the structural equations. It is
 the simulator's runner, not the rollout service's: sessions are looked up by `session_id` in the simulator's own
@@ -66,6 +67,11 @@ class SimulatorRunner:
             return recorded.action
         if "text" in step:
             return "NULL"
+        if "second_best" in step:
+            # the model's second-most-likely output: the most likely action of the policy in s_k other than the
+            # recorded one (the simulator's analogue of the second-ranked first token, then greedy)
+            ranked = sorted(e.model.policy(recorded.state), key=lambda ap: -ap[1])
+            return next((a for a, _ in ranked if a != recorded.action), "NULL")
         if "next_best" in step:
             for _ in range(self.n_next_best):
                 a = e.model.sample_action(recorded.state, rng)

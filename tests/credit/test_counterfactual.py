@@ -183,7 +183,7 @@ def test_failed_or_timed_out_runs_are_skipped(runner: CounterfactualRunner) -> N
     graphs, rewards, records = _batch()
     assigns = assign(graphs, rewards)
     before = assigns[0].credit.clone()
-    ms = asyncio.run(calibrate(graphs, assigns, records, runner, CounterfactualConfig(timeout_s=0.2)))
+    ms = asyncio.run(calibrate(graphs, assigns, records, runner, CounterfactualConfig(budget=8, timeout_s=0.2)))
     assert ms == [] and torch.equal(assigns[0].credit, before)
 
 
@@ -261,3 +261,33 @@ def test_sampling_weights_reach_the_tokens() -> None:
     for rid, s, e in traj.traces[0].call_spans:
         k = graphs[0].index_of()[rid]
         torch.testing.assert_close(with_w[s:e], without[s:e] * float(w[k]))
+
+
+def test_calibration_is_off_by_default() -> None:
+    graphs, rewards, _ = _batch()
+    assert select_calls(graphs, assign(graphs, rewards), CounterfactualConfig()) == []
+
+
+def test_uncertain_selection_uses_the_observational_estimate() -> None:
+    from nemo_polar.credit.counterfactual import observational_delta
+
+    graphs, rewards, _ = _batch()
+    # one group: the good session edited dates.py, the bad one edited nothing → Δ̂ = 1 − 0 for both edits
+    assigns = assign(graphs, rewards, group_ids=["t", "t"])
+    edits = [k for k, n in enumerate(graphs[0].nodes) if n.role == "AE"]
+    assert [observational_delta(graphs, assigns, 0, k) for k in edits] == [1.0, 1.0]
+    # the most-credited edit agrees with the estimate (relative credit 1): the other one is the uncertain call
+    cfg = CounterfactualConfig(budget=1, select="uncertain")
+    [(t, k)] = select_calls(graphs, assigns, cfg)
+    top = int(assigns[0].factor.argmax())
+    assert (t, k) == (0, next(e for e in edits if e != top))
+    # without a comparison trajectory in the group there is no estimate: maximal uncertainty
+    alone = assign(graphs, rewards, group_ids=["t", "u"])
+    assert observational_delta(graphs, alone, 0, edits[0]) is None
+
+
+def test_second_best_plan_step() -> None:
+    recs = make_session(bugfix_steps())
+    plan = replay_plan(recs, recs[4].id, Alternative("second_best"))
+    assert plan["steps"][4] == {"second_best": {"exclude_record": recs[4].id}}
+    assert plan["steps"][:4] == [{"replay": r.id} for r in recs[:4]] and plan["steps"][5] == {"live": True}

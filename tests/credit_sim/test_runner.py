@@ -98,7 +98,7 @@ def test_next_best_differs_from_the_recorded_action() -> None:
 def test_calibrate_through_the_runner() -> None:
     m = Model(SCENARIOS["basic"], Task(0.8, 1.0))
     runner, sessions, records = _registered(m, seed=5, n=8, min_len=2)
-    cfg = CallCreditConfig()
+    cfg = CallCreditConfig.model_validate({"counterfactual": {"budget": 8}})  # calibration is off by default
     graphs = [annotate(r, harness="claude_code") for r in records]
     rewards = [s.reward for s in sessions]
     out = assign(graphs, rewards, cfg)
@@ -112,3 +112,21 @@ def test_calibrate_through_the_runner() -> None:
         assert out[t].calibrated[k] == meas.delta
         if out[t].advantage != 0 and meas.delta != 0.5:
             assert float(out[t].credit[k]) != float(before[t][k])
+
+
+@pytest.mark.parametrize("select", ["credit", "uncertain"])
+def test_second_best_is_the_most_likely_other_action(select: str) -> None:
+    m = Model(SCENARIOS["basic"], Task(0.8, 1.0))
+    runner, sessions, records = _registered(m, seed=5, n=8, min_len=2)
+    cfg = CallCreditConfig.model_validate(
+        {"counterfactual": {"budget": 8, "alternative": "second_best", "select": select}}
+    )
+    graphs = [annotate(r, harness="claude_code") for r in records]
+    out = assign(graphs, [s.reward for s in sessions], cfg)
+    ms = asyncio.run(calibrate(graphs, out, records, runner, cfg.counterfactual, apply=False))
+    assert ms, "no successful session to calibrate"
+    for meas in ms:
+        step = sessions[meas.trajectory].steps[meas.call_index]
+        ranked = sorted(m.policy(step.state), key=lambda ap: -ap[1])
+        expected = next(a for a, _ in ranked if a != step.action)
+        assert meas.outcome.action == {"simulated_action": expected}
