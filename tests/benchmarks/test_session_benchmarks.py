@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The session benchmarks (`benchmarks/prefix_cache.py`, `benchmarks/session_budget.py`, `peers.py`'s
 `direct + logprobs` row): their arguments, their arithmetic on real record objects and real Prometheus text, and
-the time budget read from a real rollout stack's stage marks (the SIMULATED agent, which calls no model, behind the
-proxy's FAKE upstream: the stack's plumbing, not a measurement). The measurements themselves need real CLIs and
+the time budget read from a real rollout stack's stage marks (the SIMULATED agent, which calls no model, behind
+`polar_lab`'s FAKE upstream: the stack's plumbing, not a measurement). The measurements themselves need real CLIs and
 vLLM and run under `make bench`."""
 
 from __future__ import annotations
@@ -137,8 +137,8 @@ def test_direct_plus_logprobs_asks_vllm_what_polar_asks() -> None:
 
 
 def test_stage_marks_from_a_real_stack_give_a_budget(tmp_path: Path) -> None:
-    """Rollout server + gateway + hosted proxy (FAKE upstream) running the SIMULATED agent on an example task."""
-    from nemo_polar.proxy.fake_upstream import FakeUpstream
+    """Rollout server + gateway + hosted proxy (polar_lab FAKE upstream) running the SIMULATED agent on an example task."""
+    from polar_lab.fake_upstream import FakeUpstream
     from tests.rollout.helpers import example_task
 
     async def go() -> tuple[dict[str, float], object]:
