@@ -45,7 +45,8 @@ demo: venv deps
 	@$(POLAR) demo
 
 # every benchmark script, one after the other (each prints its own side-by-side ratios); writes benchmarks/RESULTS.md
-bench: venv backend
+# (prefix_cache and session_budget drive the real harness CLIs)
+bench: venv backend harnesses
 	@$(PY) benchmarks/_tables.py --out benchmarks/RESULTS.md
 
 clean:
