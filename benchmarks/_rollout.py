@@ -52,11 +52,18 @@ def vllm_counters(base_urls: list[str]) -> dict[str, float]:
     return total
 
 
-def reset_prefix_cache(base_urls: list[str]) -> None:
+def reset_prefix_cache(base_urls: list[str], tries: int = 20) -> None:
+    """Empty each engine's prefix cache; vLLM refuses (`success: false`) while blocks are held, so retry a while."""
     for url in base_urls:
-        req = urllib.request.Request(url + "/reset_prefix_cache", data=b"", method="POST")
-        with urllib.request.urlopen(req, timeout=60) as r:
-            r.read()
+        for _ in range(tries):
+            req = urllib.request.Request(url + "/reset_prefix_cache", data=b"", method="POST")
+            with urllib.request.urlopen(req, timeout=60) as r:
+                body = r.read()
+            if b"false" not in body:
+                break
+            time.sleep(0.5)
+        else:
+            raise RuntimeError(f"{url}: vLLM did not reset its prefix cache after {tries} tries ({body!r})")
 
 
 def example_task(name: str, harness: str, *, plan: str, task_id: str, builder: str) -> Any:
