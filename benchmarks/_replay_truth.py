@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _path import REPO  # polar_lab (the simulator, the fake upstream) lives at the repository root
 from nemo_polar.credit import CallCreditConfig, annotate, assign
 from nemo_polar.credit.counterfactual import Alternative, CounterfactualRequest
 from nemo_polar.credit.counterfactual_rollout import RolloutRunner
@@ -40,12 +41,7 @@ from nemo_polar import examples
 from nemo_polar.backend.server import free_port
 from nemo_polar.rollout.spec import TaskSpec
 from nemo_polar.types import CompletionRecord, SessionResult
-
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # polar_lab (the simulator) lives at the repository root, not in the wheel
-    sys.path.insert(0, str(REPO))
-
-from polar_lab.credit_sim.fidelity import spearman  # noqa: E402
+from polar_lab.credit_sim.fidelity import spearman
 
 EXAMPLES = ("median", "slugify", "lru_cache", "roman", "intervals")
 TINY_AGENT = REPO / "tests" / "harness" / "tiny_agent.py"
@@ -97,11 +93,11 @@ async def _measure(names: tuple[str, ...], work: Path, upstream: str | None, mod
     from aiohttp import web
 
     from nemo_polar.proxy.app import ProxyConfig
-    from nemo_polar.proxy.fake_upstream import FakeUpstream
     from nemo_polar.rollout.client import PolarClient
     from nemo_polar.rollout.gateway import Gateway, GatewayConfig
     from nemo_polar.rollout.proxylink import HostedProxy
     from nemo_polar.rollout.server import RolloutServer, ServerConfig
+    from polar_lab.fake_upstream import FakeUpstream
 
     fake = None if upstream else await FakeUpstream().start()
     url = upstream or (fake.base_url if fake else "")

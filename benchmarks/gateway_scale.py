@@ -3,7 +3,7 @@
 
 What runs: a gateway node process as `polar rollout serve-gateway` builds it (a `Gateway` with its proxy hosted in
 the same process by `HostedProxy`, records in `<work_dir>/records.sqlite`), in front of the instant FAKE
-vLLM-dialect upstream (`nemo_polar.proxy.fake_upstream`: 1,000 prompt ids and 64 sampled ids + logprobs per answer).
+vLLM-dialect upstream (`polar_lab.fake_upstream`: 1,000 prompt ids and 64 sampled ids + logprobs per answer).
 Sessions are opened through the proxy's admin API (the same `Proxy.create_session` the gateway calls when it admits a
 session). The client sends `proxy_overhead.py`'s 4.5 KB chat request with tools, non-streaming, at concurrency 64,
 each call under the next session's key (round robin), so every session records.
@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _path  # noqa: F401  (the repository root, for polar_lab)
 import aiohttp
 import proxy_overhead as po
 from _tables import note, table
@@ -122,7 +123,7 @@ def main() -> int:
         return 0
     up_port = po.free_port()
     fake = subprocess.Popen(
-        [sys.executable, "-m", "nemo_polar.proxy.fake_upstream", "--port", str(up_port)],
+        [sys.executable, "-m", "polar_lab.fake_upstream", "--port", str(up_port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _path  # noqa: F401  (the repository root, for polar_lab)
 import aiohttp
 import proxy_overhead as po
 from _tables import note, table
@@ -737,7 +738,7 @@ def main() -> int:
 def _fake_part(plan: dict[int, int], only: set[str]) -> list[dict[str, Any]]:
     up_port = po.free_port()
     fake = subprocess.Popen(
-        [sys.executable, "-m", "nemo_polar.proxy.fake_upstream", "--port", str(up_port), "--sized"],
+        [sys.executable, "-m", "polar_lab.fake_upstream", "--port", str(up_port), "--sized"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

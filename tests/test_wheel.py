@@ -38,6 +38,8 @@ def test_wheel_installs_and_imports_mapped_packages(tmp_path: Path) -> None:
     ):
         assert data in names, data
     assert not any(n.startswith(("credit/", "harness_adapters/", "tests/")) for n in names)
+    # test and benchmark code stays out of the wheel: polar_lab (the fake upstream, the credit simulator)
+    assert not any(n.startswith("polar_lab/") or "fake_upstream" in n or "credit/sim/" in n for n in names)
 
     # A scratch venv that sees the project venv's third-party packages (one plain path entry, so the
     # editable finder of the project's own install is NOT active there) and the wheel installed on top.

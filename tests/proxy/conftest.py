@@ -21,8 +21,8 @@ import pytest
 from aiohttp import web
 
 from nemo_polar.proxy.app import Proxy, ProxyConfig
-from nemo_polar.proxy.fake_upstream import FakeUpstream
 from nemo_polar.proxy.sessions import Session
+from polar_lab.fake_upstream import FakeUpstream
 
 T = TypeVar("T")
 

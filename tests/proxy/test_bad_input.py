@@ -132,7 +132,7 @@ def served(request):
     from aiohttp import web
 
     from nemo_polar.proxy.app import Proxy, ProxyConfig
-    from nemo_polar.proxy.fake_upstream import FakeUpstream
+    from polar_lab.fake_upstream import FakeUpstream
 
     fake = FakeUpstream()
     lt.run(fake.start())

@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import urllib.request
+from pathlib import Path
 
 import openai
 import pytest
@@ -104,7 +105,8 @@ def _stream_text(url: str, header: str, key: str, body: dict[str, object], termi
 def test_sigkill_mid_session_loses_no_delivered_record(tmp_path):
     up_port, px_port = free_port(), free_port()
     upstream = subprocess.Popen(
-        [sys.executable, "-m", "nemo_polar.proxy.fake_upstream", "--port", str(up_port), "--chunk-delay-s", "0.05"],
+        [sys.executable, "-m", "polar_lab.fake_upstream", "--port", str(up_port), "--chunk-delay-s", "0.05"],
+        cwd=Path(__file__).resolve().parents[2],  # polar_lab lives at the repository root
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

@@ -16,9 +16,9 @@ import pytest
 from aiohttp import web
 
 from nemo_polar.proxy import plans
-from nemo_polar.proxy.fake_upstream import FakeUpstream
 from nemo_polar.proxy.normalized import ChatResult, ToolCall
 from nemo_polar.proxy.sessions import Plan, PlanError
+from polar_lab.fake_upstream import FakeUpstream
 
 MSG = [{"role": "user", "content": "hi"}]
 # seed → (text, log-probability of each of its tokens)

@@ -31,7 +31,7 @@ SESSIONS, CALLS = 8, 26
 
 def test_no_record_lost_and_no_session_hangs_through_faults(upstream: dict[str, Any], tmp_path: Path) -> None:
     from nemo_polar.proxy.app import ProxyConfig
-    from nemo_polar.proxy.fake_upstream import FakeUpstream
+    from polar_lab.fake_upstream import FakeUpstream
 
     async def main() -> tuple[list[SessionResult], FaultRelay, dict[str, list[Any]]]:
         fake = await FakeUpstream().start() if upstream["kind"] == "fake" else None

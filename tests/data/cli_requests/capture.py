@@ -49,7 +49,9 @@ from nemo_polar.harness_adapters import BUILTIN, HarnessContext, get_adapter
 from nemo_polar.harness_adapters.install import cache_root, status
 
 from nemo_polar.proxy.app import Proxy, ProxyConfig
-from nemo_polar.proxy.fake_upstream import FakeUpstream
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # polar_lab lives at the repository root
+from polar_lab.fake_upstream import FakeUpstream
 
 HERE = Path(__file__).resolve().parent
 KEY = "sk-polar-capture-KEY-0123456789"

