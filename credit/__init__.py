@@ -10,7 +10,8 @@ API:
 - `assign(graphs, rewards, config, group_ids=…) -> list[CreditAssignment]` — Â_τ as GRPO computes it, and
   Â_v = Â_τ · ω_role · outdeg share · γ^(|τ|−pos);
 - `token_advantages(trajectory, graph, assignment, config)` / `fuse_batch(...)` — Ã_t = α·A^GRPO + (1−α)·Â_v(t);
-- curation (`dpo_pairs`, `sampling_weights`, `rv_rewards`), co-evolution (`CoevolutionState`, `coevolution.step`),
+- curation (`dpo_pairs`, `sampling_weights` → per-token / per-sample loss weights `token_weights`,
+  `sample_weights`; `rv_rewards`), co-evolution (`CoevolutionState`, `coevolution.step`),
   counterfactual calibration (`CounterfactualRunner`, `calibrate`, `RolloutRunner`), metrics (`reward_hacking`,
   `role_distributions`, `weakness_report`); all options in `CallCreditConfig`.
 """
@@ -53,9 +54,11 @@ _EXPORTS: dict[str, str] = {
     "reward_hacking": "metrics",
     "role_distributions": "metrics",
     "rv_rewards": "propagation",
+    "sample_weights": "fusion",
     "sampling_weights": "curation",
     "select_calls": "counterfactual",
     "token_advantages": "fusion",
+    "token_weights": "fusion",
     "update_omega": "coevolution",
     "weakness_report": "metrics",
     "write_dpo_jsonl": "curation",
@@ -77,7 +80,7 @@ if TYPE_CHECKING:
     )
     from .counterfactual_rollout import RolloutRunner
     from .curation import dpo_pairs, sampling_weights, write_dpo_jsonl
-    from .fusion import fuse_batch, fuse_row, token_advantages
+    from .fusion import fuse_batch, fuse_row, sample_weights, token_advantages, token_weights
     from .graph import CallGraph, CallNode, Edge, annotate
     from .metrics import broadcast_factors, reward_hacking, role_distributions, weakness_report
     from .propagation import CreditAssignment, assign, group_advantages, propagate, rv_rewards
@@ -124,9 +127,11 @@ __all__ = [
     "reward_hacking",
     "role_distributions",
     "rv_rewards",
+    "sample_weights",
     "sampling_weights",
     "select_calls",
     "token_advantages",
+    "token_weights",
     "update_omega",
     "weakness_report",
     "write_dpo_jsonl",

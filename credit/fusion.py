@@ -21,7 +21,7 @@ from .config import CallCreditConfig, FusionConfig
 from .graph import CallGraph
 from .propagation import CreditAssignment
 
-__all__ = ["fuse_batch", "fuse_row", "token_advantages", "trace_spans"]
+__all__ = ["fuse_batch", "fuse_row", "sample_weights", "token_advantages", "token_weights", "trace_spans"]
 
 
 def fuse_row(
@@ -147,3 +147,41 @@ def token_advantages(
             )
         )
     return out
+
+
+def token_weights(
+    trajectory: Trajectory | Trace | Sequence[Trace], graph: CallGraph, call_weights: torch.Tensor
+) -> list[torch.Tensor]:
+    """Per-token loss weights for each trace (aligned with `response_ids`): the call's weight on its trainable
+    tokens (e.g. `curation.sampling_weights`: damped low-effect IG calls), 1 on trainable tokens outside every call,
+    0 where `loss_mask` is 0. A trainer multiplies its per-token loss by these (the IG damping reaches the loss
+    without changing the advantages); `sample_weights` gives the per-sample form."""
+    out = []
+    for t in _traces(trajectory):
+        mask = torch.tensor(t.loss_mask, dtype=torch.float32)
+        w = torch.ones_like(mask)
+        for st, en, k in trace_spans(t, graph):
+            w[st:en] = float(call_weights[k])
+        out.append(w * mask)
+    return out
+
+
+def sample_weights(
+    trajectory: Trajectory | Trace | Sequence[Trace], graph: CallGraph, call_weights: torch.Tensor
+) -> list[float]:
+    """Per-trace (per-sample) loss weight: the mean of `token_weights` over the trace's trainable tokens (1 for a
+    trace without trainable tokens)."""
+    out = []
+    traces = _traces(trajectory)
+    for t, w in zip(traces, token_weights(traces, graph, call_weights), strict=True):
+        n = float(sum(t.loss_mask))
+        out.append(float(w.sum()) / n if n > 0 else 1.0)
+    return out
+
+
+def _traces(trajectory: Trajectory | Trace | Sequence[Trace]) -> list[Trace]:
+    if isinstance(trajectory, Trajectory):
+        return list(trajectory.traces)
+    if isinstance(trajectory, Trace):
+        return [trajectory]
+    return list(trajectory)

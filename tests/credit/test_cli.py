@@ -151,3 +151,35 @@ def test_polar_run_layout_with_the_real_store_and_builder(tmp_path: Path, capsys
     (line,) = [json.loads(x) for x in (rd / "credit.jsonl").read_text().splitlines()]
     assert line["session_id"] == "live1" and line["harness"] == "claude_code" and line["reward"] == 1.0
     assert [c["role"] for c in line["calls"]] == ["IG", "IG", "IG", "IG", "AE", "RV", "AE", "RV", "OTHER"]
+
+
+def test_export_dpo_pairs_from_calibrated_calls(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`export_dpo` (`polar export dpo`): the decisive edit of each successful session replaced by a wrong one
+    (Δ = 1 > θ_AE) gives a pair chosen = the recorded edit, rejected = the counterfactual."""
+    from nemo_polar.credit.cli import export_dpo
+    from nemo_polar.credit.config import CallCreditConfig
+
+    from .cf_runner import InProcessRunner
+
+    src = "/repo/src/utils/dates.py"
+    initial = {src: "def parse_date(s):\n    return datetime.datetime.strptime(s, FMT).date()\n"}
+    wrong = {"tool": "Edit", "arguments": {"file_path": src, "old_string": "strptime", "new_string": "strftime"}}
+    rd = _run_dir(tmp_path)
+    cfg = CallCreditConfig.model_validate(
+        {"counterfactual": {"budget": 4, "alternative": "plan", "max_per_trajectory": 2}}
+    )
+    plans = {f"sess{i}-r{k}": wrong for i in (0, 2) for k in (4, 6)}
+    runner = InProcessRunner(initial, lambda files: ".strip()" in files.get(src, ""))
+    out = tmp_path / "dpo.jsonl"
+    n = export_dpo(rd, out, cfg, runner=runner, plans=plans)
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert n == len(rows) >= 1
+    for row in rows:
+        assert row["role"] == "AE" and row["delta"] == 1.0 and not row["swapped"]
+        assert row["rejected"]["tool_calls"] and row["chosen"] != row["rejected"]
+    # without measurements there is nothing to export: a clear error, and the CLI refuses without a URL
+    with pytest.raises(ValueError, match="no counterfactual measurements"):
+        export_dpo(rd, out, CallCreditConfig())
+    assert main(["credit", str(rd), "--dpo", str(out)]) == 2
+    assert main(["credit", str(rd), "--counterfactual", "http://127.0.0.1:9"]) == 2
+    assert "off by default" in capsys.readouterr().err

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -130,3 +131,26 @@ def test_polar_calls_shape() -> None:
     assert [c["call_index"] for c in calls] == list(range(len(g)))
     assert set(calls[0]) == {"call_index", "record_id", "role", "evidence", "parents", "chain_kind"}
     assert calls[4]["parents"] == g.parents(4) and calls[4]["chain_kind"] == "main"
+
+
+def test_ig_damping_reaches_the_loss_as_token_and_sample_weights() -> None:
+    from nemo_polar.credit import sampling_weights
+    from nemo_polar.credit.fusion import sample_weights, token_weights
+
+    recs = make_session(bugfix_steps(), gen_len=[3, 4, 5, 6, 7, 3, 4, 5, 2])
+    g = annotate(recs, harness="claude_code")
+    a = assign([g, g], [1.0, 0.0], group_ids=[0, 0])[0]
+    cw = sampling_weights(g, a)
+    damped = [k for k, n in enumerate(g.nodes) if n.role == "IG" and float(cw[k]) < 1.0]
+    assert damped, "the unused reads of this session are damped"
+    pm = prefix_merged_trajectory(recs)
+    (tw,) = token_weights(pm, g, cw)
+    mask = torch.tensor(pm.traces[0].loss_mask, dtype=torch.float32)
+    for k, (_, s, e) in enumerate(pm.traces[0].call_spans):
+        assert_close(tw[s:e], torch.full((e - s,), float(cw[k])) * mask[s:e])
+    assert torch.count_nonzero(tw[mask == 0]) == 0
+    # per sample: per_request has one trace per call, so its weight is the call's
+    pr = per_request_trajectory(recs)
+    assert sample_weights(pr, g, cw) == pytest.approx([float(w) for w in cw])
+    (merged,) = sample_weights(pm, g, cw)
+    assert merged == pytest.approx(float(tw.sum() / mask.sum())) and merged < 1.0
