@@ -18,11 +18,13 @@ import contextlib
 import json
 import logging
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Any
 
-from nemo_polar.rollout.stack import Stack, add_stack_flags, config_from_args, start_stack
+from nemo_polar.rollout.auth import SECRET_ENV, SECRET_FILE_ENV, AuthConfigError, check_bind, resolve_secret
+from nemo_polar.rollout.stack import Stack, StackConfig, add_stack_flags, config_from_args, start_stack
 
 __all__ = ["register"]
 
@@ -35,6 +37,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--port", type=int, default=8700, help="rollout server port")
     p.add_argument("--gateway-port", type=int, default=0, help="the first gateway's port (0: any free port)")
     add_stack_flags(p, ("proxy", "server", "gateway"))
+    _secret_flag(p)
     p.set_defaults(func=_serve)
 
     p = subparsers.add_parser("serve-rollout", help="the rollout server alone")
@@ -42,6 +45,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--port", type=int, default=8700)
     p.add_argument("--journal", default="polar-run/rollout.sqlite")
     add_stack_flags(p, ("server",))
+    _secret_flag(p)
     p.set_defaults(func=_serve_rollout)
 
     p = subparsers.add_parser("launch", help="rollout server + N gateway nodes as Ray actors (`--ray`)")
@@ -53,6 +57,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("--ray-node-ip", default=None, help="node IP of a new local Ray cluster (127.0.0.1 in tests)")
     p.add_argument("--ray-temp-dir", default=None, help="Ray's session directory root of a new local cluster")
     add_stack_flags(p, ("proxy", "server", "gateway"))
+    _secret_flag(p)
     p.set_defaults(func=_launch)
 
     p = subparsers.add_parser("serve-gateway", help="one gateway node, registering with a rollout server")
@@ -61,7 +66,29 @@ def register(subparsers: Any) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0)
     add_stack_flags(p, ("proxy", "gateway"), skip=("gateways",))  # one node by name: --node-id
+    _secret_flag(p)
     p.set_defaults(func=_serve_gateway)
+
+
+def _secret_flag(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--secret-file",
+        default=None,
+        help=f"the rollout service's shared secret, in a file (else ${SECRET_FILE_ENV} or ${SECRET_ENV}); "
+        "required to bind a --host other than loopback, and the same on the server, every gateway and client",
+    )
+
+
+def _stack_config(args: argparse.Namespace, **fixed: Any) -> StackConfig:
+    """`config_from_args` with the shared secret; an unreadable secret or a public bind without one exits 2."""
+    try:
+        secret = resolve_secret(args.secret_file)
+        cfg = config_from_args(args, secret=secret, **fixed)
+        check_bind(cfg.host, cfg.secret, f"polar {getattr(args, 'command', 'serve')}")
+    except AuthConfigError as exc:
+        print(f"polar {getattr(args, 'command', 'serve')}: {exc}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return cfg
 
 
 async def _until_signalled() -> None:
@@ -82,14 +109,14 @@ async def _run(stack_cfg: Any) -> None:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args, host=args.host, port=args.port, gateway_port=args.gateway_port)
+    cfg = _stack_config(args, host=args.host, port=args.port, gateway_port=args.gateway_port)
     asyncio.run(_run(cfg))
     return 0
 
 
 def _serve_rollout(args: argparse.Namespace) -> int:
     journal = Path(args.journal)
-    cfg = config_from_args(
+    cfg = _stack_config(
         args,
         host=args.host,
         port=args.port,
@@ -102,7 +129,7 @@ def _serve_rollout(args: argparse.Namespace) -> int:
 
 
 def _serve_gateway(args: argparse.Namespace) -> int:
-    cfg = config_from_args(
+    cfg = _stack_config(
         args,
         host=args.host,
         gateway_port=args.port,
@@ -118,13 +145,13 @@ def _serve_gateway(args: argparse.Namespace) -> int:
 def _launch(args: argparse.Namespace) -> int:
     if not args.ray:
         raise SystemExit("polar launch: only `--ray` is supported; `polar serve` runs everything in one process")
+    cfg = _stack_config(args, host=args.host, port=args.port)  # bad flags or a missing secret fail before Ray
     try:
         import ray
     except ImportError as exc:
         raise SystemExit("polar launch --ray needs Ray: pip install 'nemo-polar[ray]'") from exc
     from nemo_polar.rollout import ray_launch
 
-    cfg = config_from_args(args, host=args.host, port=args.port)  # bad flags fail before Ray starts
     init: dict[str, Any] = {"address": args.ray_address, "include_dashboard": False}
     if args.ray_num_cpus is not None:
         init["num_cpus"] = args.ray_num_cpus

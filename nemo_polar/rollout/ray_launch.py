@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nemo_polar.rollout.auth import auth_headers
 from nemo_polar.rollout.stack import Stack, StackConfig, start_stack
 
 __all__ = ["GatewayActor", "Launched", "RolloutServerActor", "launch", "stop"]
@@ -68,16 +69,17 @@ class Launched:
     gateways: list[Any]
 
 
-def _nodes(server_url: str) -> list[dict[str, Any]]:
-    with urllib.request.urlopen(f"{server_url}/nodes", timeout=10) as resp:
+def _nodes(server_url: str, secret: str | None = None) -> list[dict[str, Any]]:
+    req = urllib.request.Request(f"{server_url}/nodes", headers=auth_headers(secret))
+    with urllib.request.urlopen(req, timeout=10) as resp:
         nodes: list[dict[str, Any]] = json.loads(resp.read())
         return nodes
 
 
-def _wait_registered(server_url: str, node_ids: set[str], timeout_s: float) -> None:
+def _wait_registered(server_url: str, node_ids: set[str], timeout_s: float, secret: str | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
-        if node_ids <= {n["node_id"] for n in _nodes(server_url)}:
+        if node_ids <= {n["node_id"] for n in _nodes(server_url, secret)}:
             return
         if time.monotonic() >= deadline:
             raise TimeoutError(f"gateways {sorted(node_ids)} did not register with {server_url} in {timeout_s:.0f}s")
@@ -127,7 +129,7 @@ def launch(config: StackConfig) -> Launched:
             for g, c in zip(gateways, node_cfgs, strict=True)
         ]
         urls = ray.get(refs, timeout=_START_TIMEOUT_S)
-        _wait_registered(server_url, set(config.node_ids), _REGISTER_TIMEOUT_S)
+        _wait_registered(server_url, set(config.node_ids), _REGISTER_TIMEOUT_S, config.secret)
     except BaseException:
         for actor in [*gateways, server]:
             ray.kill(actor)

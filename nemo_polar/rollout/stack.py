@@ -24,6 +24,7 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from nemo_polar.rollout.auth import check_bind, resolve_secret
 from nemo_polar.rollout.gateway import Gateway, GatewayConfig
 from nemo_polar.rollout.proxylink import HostedProxy
 from nemo_polar.rollout.server import RolloutServer, ServerConfig
@@ -51,6 +52,12 @@ class StackConfig(BaseModel):
 
     work_dir: str = Field("polar-run", description="the run directory (docs/run_directory.md)")
     host: str = Field("127.0.0.1", description="the address the rollout server and the gateways bind and advertise")
+    secret: str | None = Field(
+        default_factory=resolve_secret,
+        repr=False,
+        description="the rollout service's shared secret (auth.py; default: POLAR_ROLLOUT_SECRET(_FILE)); "
+        "required for a host other than loopback",
+    )
 
     # -- the model-API proxy: one per gateway node (its store in that node's run directory) --------------------------
     upstreams: list[str] = Field(default_factory=list, description="vLLM base URLs; none: simulation agents only")
@@ -133,6 +140,7 @@ class StackConfig(BaseModel):
             model=self.served_model or "polar",
             builder_options=builder_options,
             keep_runtimes=self.keep_runtimes,
+            secret=self.secret,
         )
         cfg.check()
         return cfg
@@ -143,6 +151,7 @@ class StackConfig(BaseModel):
             node_timeout_s=self.node_timeout_s,
             dispatch_grace_s=self.dispatch_grace_s,
             max_attempts=self.max_attempts,
+            secret=self.secret,
         )
 
 
@@ -206,6 +215,8 @@ async def start_stack(config: StackConfig) -> Stack:
     """Start the stack `config` describes (rollout server → per node: proxy, gateway); returns once every part
     serves (the gateways register with the server in the background, as separate processes do). On any failure
     what was started is closed before the error propagates."""
+    if config.serve_rollout or config.node_ids:  # refused before anything binds
+        check_bind(config.host, config.secret, "the rollout service")
     stack = Stack(config)
     try:
         await asyncio.to_thread(RunDir(config.work_dir).root.mkdir, parents=True, exist_ok=True)

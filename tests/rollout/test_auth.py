@@ -7,6 +7,9 @@ process applying the plan itself, no model), the evaluation is real."""
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +20,7 @@ import pytest
 from nemo_polar.rollout import PolarClient
 from nemo_polar.rollout.auth import AuthConfigError, check_bind, is_loopback, resolve_secret
 from nemo_polar.rollout.client import PolarClientError
+from nemo_polar.rollout.stack import StackConfig, start_stack
 
 from .helpers import example_task, start_gateway, start_server
 
@@ -160,3 +164,48 @@ def test_secret_from_file_or_environment(tmp_path: Path, monkeypatch: pytest.Mon
     (tmp_path / "empty").write_text("\n")
     with pytest.raises(AuthConfigError, match="empty"):
         resolve_secret(tmp_path / "empty")
+
+
+def test_a_stack_with_a_secret_runs_a_task_end_to_end(tmp_path: Path) -> None:
+    """`StackConfig.secret` (what `--secret-file` and `polar launch --ray` hand to every part) reaches the server
+    and the gateway: the gateway registers and reports with it, the client needs it."""
+
+    async def main() -> tuple[list[Any], int]:
+        cfg = StackConfig(work_dir=str(tmp_path / "run"), secret=SECRET, heartbeat_s=0.2)
+        async with await start_stack(cfg) as stack:
+            assert stack.server_url is not None
+            task = example_task("median")
+            async with PolarClient(stack.server_url, secret="") as anonymous:
+                with pytest.raises(PolarClientError) as refused:
+                    await anonymous.submit(task)
+            async with PolarClient(stack.server_url, poll_wait_s=2, secret=SECRET) as client:
+                await client.submit(task)
+                results = await asyncio.wait_for(client.collect(task.task_id), timeout=120)
+        return results, refused.value.status
+
+    results, refused = asyncio.run(main())
+    assert refused == 401 and [r.reward for r in results] == [1.0]
+
+
+def test_a_stack_refuses_a_public_bind_without_a_secret(tmp_path: Path) -> None:
+    cfg = StackConfig(work_dir=str(tmp_path / "run"), host="0.0.0.0", secret=None)
+    with pytest.raises(AuthConfigError, match="without a shared secret"):
+        asyncio.run(start_stack(cfg))
+    assert not (tmp_path / "run").exists()  # refused before anything was created or bound
+
+
+@pytest.mark.parametrize("command", ["serve", "serve-rollout", "serve-gateway", "launch"])
+def test_cli_refuses_a_public_bind_without_a_secret(command: str, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POLAR_ROLLOUT_SECRET")}
+    args = [sys.executable, "-m", "nemo_polar.cli", command, "--host", "0.0.0.0", "--port", "0"]
+    args += {
+        "serve": ["--work-dir", str(tmp_path / "x")],
+        "serve-rollout": ["--journal", str(tmp_path / "x" / "rollout.sqlite")],
+        "serve-gateway": ["--node-id", "n0", "--server", "http://127.0.0.1:9", "--work-dir", str(tmp_path / "x")],
+        "launch": ["--ray", "--work-dir", str(tmp_path / "x")],
+    }[command]
+    # bounded: were the check missing, the command would serve until killed
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "without a shared secret" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "x").exists()
