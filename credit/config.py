@@ -168,8 +168,8 @@ class PropagationConfig(_Strict):
         ge=0,
         description=(
             "`direct`: the outcome's weight on a surviving edit that no verification covers, relative to a covered "
-            "one (1: all surviving edits alike; the default 0.25 was chosen on benchmarks/credit_fidelity.py from "
-            "1, 0.5, 0.25, 0, see docs/call_credit.md)."
+            "one (1: all surviving edits alike; the sweep over 1, 0.5, 0.25, 0 on benchmarks/credit_fidelity.py and "
+            "why 0.25: docs/call_credit.md §3)."
         ),
     )
     leaf_mode: Literal["epsilon", "literal"] = Field(
