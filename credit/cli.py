@@ -21,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nemo_polar.rundir import RunDir
+
 __all__ = ["export_dpo", "register", "register_export_dpo"]
 
 
@@ -31,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Annotate every session of RUN_DIR, write RUN_DIR/credit.jsonl and print metrics.",
     )
     p.add_argument("run_dir", metavar="RUN_DIR", type=Path)
-    p.add_argument("--out", default="credit.jsonl", help="output file name inside RUN_DIR")
+    p.add_argument("--out", default=RunDir(".").credit.name, help="output file name inside RUN_DIR")
     p.add_argument("--json", action="store_true", help="print the summary as JSON instead of tables")
     _counterfactual_arguments(p)
     p.add_argument("--dpo", type=Path, default=None, help="also write DPO pairs of the calibrated calls here")

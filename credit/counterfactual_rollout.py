@@ -180,11 +180,10 @@ def _span_tokens(res: SessionResult, call_index: int) -> list[int] | None:
 
 def runner_for_run_dir(run_dir: Any, server_url: str, sessions: Sequence[SessionResult], **kw: Any) -> RolloutRunner:
     """A `RolloutRunner` for the sessions of a run directory: each session's task from `RUN_DIR/tasks.jsonl`."""
-    from pathlib import Path
-
     from nemo_polar.rollout.spec import load_jsonl
+    from nemo_polar.rundir import RunDir
 
-    path = Path(run_dir) / "tasks.jsonl"
+    path = RunDir(run_dir).tasks
     if not path.exists():
         raise FileNotFoundError(f"{path} not found: counterfactual replay re-runs each session's task")
     by_id = {t.task_id: t for t in load_jsonl(path)}

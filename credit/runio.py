@@ -143,11 +143,11 @@ def credit_run_dir(
     run_dir: str | Path,
     config: CallCreditConfig | None = None,
     *,
-    out_name: str = "credit.jsonl",
+    out_name: str | None = None,
     runner: CounterfactualRunner | None = None,
     plans: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> RunCredit:
-    """Annotate, assign and summarise every session of `run_dir`; write `run_dir/out_name`.
+    """Annotate, assign and summarise every session of `run_dir`; write `run_dir/out_name` (default `credit.jsonl`).
 
     With a counterfactual `runner` (or `config.counterfactual.rollout_url`, which makes a `RolloutRunner` over
     `tasks.jsonl`), the selected AE calls are calibrated before the metrics; `plans` maps a record id to the plan
@@ -202,7 +202,8 @@ def credit_run_dir(
     hack_b = reward_hacking(graphs, rewards, [broadcast_factors(g) for g in graphs], cfg.metrics)
     dist = role_distributions(graphs, assignments)
     weak = weakness_report(graphs, cfg.metrics, cfg.curation)
-    with open(rd / out_name, "w", encoding="utf-8") as f:
+    out_path = rd / out_name if out_name else RunDir(rd).credit
+    with open(out_path, "w", encoding="utf-8") as f:
         for s, g, a in zip(sessions, graphs, assignments, strict=True):
             f.write(json.dumps(_line(s, g, a, cfg), ensure_ascii=False) + "\n")
     return RunCredit(sessions, graphs, assignments, hack, hack_b, dist, weak, measurements)

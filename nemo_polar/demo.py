@@ -19,6 +19,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nemo_polar.rundir import RunDir
+
 __all__ = ["DEMO_HARNESSES", "DEMO_TASKS", "demo_tasks", "register"]
 
 DEMO_TASKS = ("median", "slugify", "lru_cache")  # fix plans that edit (Qwen Code reads before it edits)
@@ -132,7 +134,7 @@ def _demo(args: argparse.Namespace) -> int:
     rc = run_collect(collect_args)
     if rc != 0:
         return rc
-    st = export_sft(out, out / "sft.jsonl")
+    st = export_sft(out, RunDir(out).sft)
     report = write_report(out).resolve()
     print(f"SFT export: {st.describe()}")
     print(f"report: {report}\nopen it: file://{report}")

@@ -55,6 +55,18 @@ class SessionDir:
         return self.root / "result.json"
 
     @property
+    def plan(self) -> Path:  # the resolved plan the session ran under (rollout gateway, READY)
+        return self.root / "plan.json"
+
+    @property
+    def harness_stdout(self) -> Path:  # `polar session run`: the CLI's stdout
+        return self.root / "harness.stdout"
+
+    @property
+    def harness_stderr(self) -> Path:
+        return self.root / "harness.stderr"
+
+    @property
     def diff(self) -> Path:  # the runtime's diff since creation (rollout gateway, POSTRUN)
         return self.root / "diff.patch"
 
@@ -124,6 +136,10 @@ class RunDir:
     @property
     def runtimes(self) -> Path:  # the gateway's per-session runtimes (removed when a session ends)
         return self.root / "runtimes"
+
+    @property
+    def outbox(self) -> Path:  # the gateway's finished results not yet acknowledged by the rollout server
+        return self.root / "outbox"
 
     def session(self, session_id: str) -> SessionDir:
         return SessionDir(self.sessions / session_id)

@@ -18,6 +18,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nemo_polar.rundir import RunDir
+
 __all__ = ["register"]
 
 
@@ -172,8 +174,8 @@ def _collect(args: argparse.Namespace) -> int:
 def _export_sft(args: argparse.Namespace) -> int:
     from nemo_polar.collect.export import export_sft
 
-    if not (args.run_dir / "trajectories.jsonl").exists():
-        print(f"polar export sft: {args.run_dir}/trajectories.jsonl not found", file=sys.stderr)
+    if not RunDir(args.run_dir).trajectories.exists():
+        print(f"polar export sft: {RunDir(args.run_dir).trajectories} not found", file=sys.stderr)
         return 2
     st = export_sft(
         args.run_dir,
@@ -190,8 +192,8 @@ def _export_sft(args: argparse.Namespace) -> int:
 def _view(args: argparse.Namespace) -> int:
     from nemo_polar.collect.viewer import write_report
 
-    if not (args.run_dir / "trajectories.jsonl").exists():
-        print(f"polar view: {args.run_dir}/trajectories.jsonl not found", file=sys.stderr)
+    if not RunDir(args.run_dir).trajectories.exists():
+        print(f"polar view: {RunDir(args.run_dir).trajectories} not found", file=sys.stderr)
         return 2
     path = write_report(args.run_dir, args.out, tokenizer=args.tokenizer)
     print(f"report → {path.resolve()} (open file://{path.resolve()})")

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from nemo_polar.harness_adapters import BUILTIN
 from nemo_polar.rollout.stack import add_stack_flags, config_from_args
+from nemo_polar.rundir import RunDir
 
 PROXY_PASSTHROUGH = ("prefix_preserving", "model_dir", "eot_token_ids", "sampling")
 
@@ -54,7 +55,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
                       "answered": run.answered, "failed_calls": run.failed_calls, "first_error": run.first_error,
                       "call_kinds": run.call_kinds, "chains": run.chains}))  # fmt: skip
     if run.failure is not None:
-        print(f"polar session run: {run.failure} (see {run.out / 'summary.json'})", file=sys.stderr)
+        print(f"polar session run: {run.failure} (see {RunDir(run.out).summary})", file=sys.stderr)
         return 1
     return 0
 
