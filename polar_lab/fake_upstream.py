@@ -44,6 +44,9 @@ class FakeBehaviour:
     # ids (a request mix of 1k/8k-token prompts and 64-512-token answers); a stream then carries one chunk per token,
     # all written at once (an infinitely fast model)
     sized: bool = False
+    # a broken engine's answer: "null_logprob" (the last sampled token's logprob is null, as a server that cannot
+    # encode NaN may spell it) or "negative_id" (its token id is -1)
+    corrupt: str | None = None
 
 
 @dataclass
@@ -93,11 +96,15 @@ class FakeUpstream:
         n_gen = body.get("max_completion_tokens") or body.get("max_tokens") or b.n_gen
         return n_prompt, int(n_gen)
 
-    def _ids(self, body: dict[str, Any] | None = None) -> tuple[list[int], list[int], list[float]]:
+    def _ids(self, body: dict[str, Any] | None = None) -> tuple[list[int], list[int], list[Any]]:
         n_prompt, n_gen = self._sizes(body)
         prompt = [(i * 7919) % 150000 for i in range(n_prompt)]
         gen = [(i * 104729) % 150000 + 1 for i in range(n_gen)]
-        lps = [-round(0.01 * (i % 13), 4) for i in range(n_gen)]
+        lps: list[Any] = [-round(0.01 * (i % 13), 4) for i in range(n_gen)]
+        if self.behaviour.corrupt == "null_logprob" and lps:
+            lps[-1] = None
+        elif self.behaviour.corrupt == "negative_id" and gen:
+            gen[-1] = -1
         return prompt, gen, lps
 
     def _content(self, body: dict[str, Any]) -> str:
@@ -201,6 +208,7 @@ class FakeUpstream:
             bool(body.get("return_tokens_as_token_ids")),
             bool(body.get("return_token_ids")),
             self._sizes(body),
+            self.behaviour.corrupt,
         )
         cached = self._cache.get(key)
         if cached is None:

@@ -15,6 +15,7 @@ This module knows nothing of dialects or the record store.
 
 from __future__ import annotations
 
+import math
 import time
 import zlib
 from collections.abc import AsyncIterator
@@ -87,14 +88,15 @@ def upstream_error_from_response(status: int, body: bytes, endpoint: str) -> Ups
     lowered = message.lower()
     if status in (400, 413, 422) and any(m in lowered for m in _OVERFLOW_MARKERS):
         return UpstreamError(400, "context_length_exceeded", message, endpoint=endpoint, upstream_status=status)
-    if status in (400, 422):
-        return UpstreamError(400, "invalid_request", message, endpoint=endpoint, upstream_status=status)
     if status == 429:
         return UpstreamError(429, "rate_limit", message, endpoint=endpoint, upstream_status=status, retry_after_s=1)
     if status == 503:
         return UpstreamError(503, "overloaded", message, endpoint=endpoint, upstream_status=status, retry_after_s=1)
     if status == 504:
         return UpstreamError(504, "timeout", message, endpoint=endpoint, upstream_status=status, retry_after_s=1)
+    # Anything else is the server's fault, a 4xx included: the dialect accepted the request, so a refusal upstream
+    # (vLLM's 400 "Out of range float values are not JSON compliant" for NaN logprobs, a misconfigured model name)
+    # is not the harness's to fix. A retryable 502 lets the CLI's own retry logic apply.
     return UpstreamError(
         502,
         "api_error",
@@ -360,4 +362,34 @@ def check_alignment(result: ChatResult, usage: dict[str, Any], endpoint: str | N
     if not result.prompt_token_ids:
         problems.append("no prompt token ids returned (is return_token_ids supported upstream?)")
     if problems:
-        raise UpstreamError(502, "api_error", "token capture misaligned: " + "; ".join(problems), endpoint=endpoint)
+        raise UpstreamError(
+            502, "api_error", "token capture misaligned: " + "; ".join(problems), endpoint=endpoint, retry_after_s=1
+        )
+    check_token_data(result.prompt_token_ids, result.generation_token_ids, result.generation_log_probs, endpoint)
+
+
+def check_token_data(prompt_ids: list[int], gen_ids: list[int], log_probs: list[float], endpoint: str | None) -> None:
+    """Token ids are non-negative integers and logprobs finite numbers, or the engine failed (never stored as data).
+
+    Whole-list arithmetic, not a loop per token: `sum` refuses a null or a string, a float anywhere makes an id sum a
+    float, and one NaN or infinity makes the logprob sum non-finite.
+    """
+    problems = []
+    for name, ids in (("prompt", prompt_ids), ("generation", gen_ids)):
+        try:
+            bad = bool(ids) and (type(sum(ids)) is not int or min(ids) < 0)
+        except TypeError:
+            bad = True
+        if bad:
+            problems.append(f"{name} token ids that are not non-negative integers")
+    try:
+        total = sum(log_probs)
+        bad = isinstance(total, bool) or not isinstance(total, (int, float)) or not math.isfinite(total)
+    except TypeError:
+        bad = True
+    if bad:
+        problems.append("logprobs that are not finite numbers")
+    if problems:
+        raise UpstreamError(
+            502, "api_error", "the engine returned " + " and ".join(problems), endpoint=endpoint, retry_after_s=1
+        )

@@ -19,7 +19,14 @@ from typing import Any
 
 import orjson
 
-from nemo_polar.proxy.engines.base import EngineCall, Generation, UpstreamError, Upstreams, check_alignment
+from nemo_polar.proxy.engines.base import (
+    EngineCall,
+    Generation,
+    UpstreamError,
+    Upstreams,
+    check_alignment,
+    check_token_data,
+)
 from nemo_polar.proxy.normalized import ChatResult, StreamEvent, ToolCall
 from nemo_polar.proxy.upstream_http import UpstreamDisconnected, UpstreamTimeout
 
@@ -258,9 +265,11 @@ class VLLMEngine:
             choice = data["choices"][0]
             plp: list[Any] = choice.get("prompt_logprobs") or data.get("prompt_logprobs") or []
             tail = plp[-len(continuation) :]
-            return [float(entry[str(tid)]["logprob"]) for entry, tid in zip(tail, continuation, strict=True)]
+            scores = [float(entry[str(tid)]["logprob"]) for entry, tid in zip(tail, continuation, strict=True)]
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise UpstreamError(502, "api_error", f"re-scoring with prompt_logprobs failed: {exc!r}") from exc
+        check_token_data(prompt_ids, continuation, scores, None)
+        return scores
 
     async def list_models(self) -> list[str]:
         data = await self.upstreams.get_json("/v1/models")
