@@ -9,9 +9,7 @@ A command that cannot run at all is an infrastructure failure (masked); a wrong 
 
 from __future__ import annotations
 
-from typing import Any
-
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from nemo_polar.evaluators.base import EvalContext, failure, register_evaluator
 from nemo_polar.evaluators.patching import apply_diff
@@ -31,13 +29,12 @@ class CommandOptions(BaseModel):
 
 @register_evaluator("command", options=CommandOptions)
 async def command(ctx: EvalContext) -> EvalResult:
-    opts: dict[str, Any] = dict(ctx.options)
-    cmd = opts.get("command")
-    if not isinstance(cmd, (str, list)) or not cmd:
-        return failure("evaluator_config", "command evaluator needs options.command", mask_sample=True)
-    timeout_s = float(opts.get("timeout_s", 300.0))
-    fresh = bool(opts.get("fresh", False))
-    if fresh:
+    try:
+        opts = CommandOptions.model_validate(dict(ctx.options))
+    except ValidationError as exc:  # checked at submit; reached only by a task that bypassed the rollout server
+        return failure("evaluator_config", f"command evaluator options: {exc}", mask_sample=True)
+    cmd, timeout_s = opts.command, opts.timeout_s
+    if opts.fresh:
         if ctx.fresh_runtime is None:
             return failure("runtime_unavailable", "no fresh runtime factory", mask_sample=True)
         rt = await ctx.fresh_runtime()
@@ -58,7 +55,7 @@ async def command(ctx: EvalContext) -> EvalResult:
         return failure("command_not_runnable", res.stderr, mask_sample=True, **details)
     if res.timed_out:
         return failure("command_timeout", f"command exceeded {timeout_s}s", mask_sample=False, **details)
-    reward_file = opts.get("reward_file")
+    reward_file = opts.reward_file
     if reward_file:
         path = rt.workdir / str(reward_file)
         if path.is_file():

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from nemo_polar.evaluators.base import EvalContext, failure, register_evaluator
 from nemo_polar.evaluators.patching import apply_diff
@@ -83,11 +82,11 @@ class SweTestsOptions(BaseModel):
 
 @register_evaluator("swe_tests", options=SweTestsOptions)
 async def swe_tests(ctx: EvalContext) -> EvalResult:
-    opts: dict[str, Any] = dict(ctx.options)
-    f2p = [str(t) for t in opts.get("FAIL_TO_PASS", [])]
-    p2p = [str(t) for t in opts.get("PASS_TO_PASS", [])]
-    if not f2p and not p2p:
-        return failure("evaluator_config", "swe_tests needs FAIL_TO_PASS and/or PASS_TO_PASS", mask_sample=True)
+    try:
+        opts = SweTestsOptions.model_validate(dict(ctx.options))
+    except ValidationError as exc:  # checked at submit; reached only by a task that bypassed the rollout server
+        return failure("evaluator_config", f"swe_tests options: {exc}", mask_sample=True)
+    f2p, p2p = opts.FAIL_TO_PASS, opts.PASS_TO_PASS
     if not ctx.diff.strip():
         return EvalResult(reward=0.0, resolved=False, details={"empty_patch": True})
     if ctx.fresh_runtime is None:
@@ -96,7 +95,7 @@ async def swe_tests(ctx: EvalContext) -> EvalResult:
 
     test_files = sorted({t.split("::", 1)[0] for t in f2p + p2p})
     originals = {}
-    if opts.get("restore_tests", True):
+    if opts.restore_tests:
         originals = {f: (rt.workdir / f).read_bytes() for f in test_files if (rt.workdir / f).is_file()}
     err = await apply_diff(rt, ctx.diff)
     if err is not None:
@@ -104,8 +103,7 @@ async def swe_tests(ctx: EvalContext) -> EvalResult:
     for rel, data in originals.items():
         await rt.write_file(rel, data)
 
-    timeout_s = float(opts.get("timeout_s", 600.0))
-    base = str(opts.get("test_command", "python -m pytest"))
+    timeout_s, base = opts.timeout_s, opts.test_command
     cmd = f"{base} -rA --tb=short -p no:cacheprovider -o addopts= " + " ".join(shlex.quote(t) for t in f2p + p2p)
     res = await rt.exec(cmd, timeout_s=timeout_s)
     output = res.stdout + res.stderr

@@ -33,7 +33,7 @@ from nemo_polar.loading import load_object
 from nemo_polar.rollout.retry import Backoff, retry
 from nemo_polar.rollout.runtime import Runtime, RuntimeSetupError, create_runtime
 from nemo_polar.rollout.spec import ExecAction, TaskSpec, UploadDirAction, UploadFileAction
-from nemo_polar.rollout.task_options import SIMULATION
+from nemo_polar.rollout.task_options import SIMULATION, SimulationOptions
 from nemo_polar.types import CompletionRecord, EvalResult, SessionResult, Trajectory, TrajectoryStatus
 
 if TYPE_CHECKING:
@@ -220,7 +220,8 @@ class SessionWork:
         agent = task.agent
         plan = task.plan_for(job.sample_index)
         if agent.harness == SIMULATION:  # a timed process standing in for an agent; no model is called
-            run_s = agent.options.get("run_s", 0.0)
+            sim = SimulationOptions.model_validate(agent.options)
+            run_s = sim.run_s
             if isinstance(run_s, list):
                 run_s = run_s[job.sample_index % len(run_s)]
             job.session_dir.mkdir(parents=True, exist_ok=True)
@@ -235,7 +236,7 @@ class SessionWork:
                 "--run-s",
                 str(float(run_s)),
                 "--exit-code",
-                str(int(agent.options.get("exit_code", 0))),
+                str(sim.exit_code),
             ]
             return argv, {}
         from nemo_polar.harness_adapters import HarnessContext, get_adapter, resolve_plan
@@ -245,6 +246,7 @@ class SessionWork:
         if self.proxy is None:
             raise RuntimeError(f"harness {agent.harness!r} needs a model proxy; this gateway has no upstream")
         adapter = get_adapter(agent.harness)
+        opts = adapter.options_model.model_validate(agent.options)  # checked at submit (task_options)
         inst = install_dir(adapter)
         ctx = HarnessContext(
             base_url=self.proxy.base_url,
@@ -253,9 +255,9 @@ class SessionWork:
             workdir=rt.agent_workdir,
             home=rt.agent_home,
             install_dir=str(inst) if inst is not None and inst.exists() else None,
-            command_line=agent.options.get("command_line"),
-            max_turns=agent.options.get("max_turns"),
-            provider_api=agent.options.get("provider_api"),
+            command_line=getattr(opts, "command_line", None),
+            max_turns=getattr(opts, "max_turns", None),
+            provider_api=getattr(opts, "provider_api", None),
         )
         resolved = resolve_plan(plan, adapter, ctx) if plan else None
         session = await self.proxy.open_session(
