@@ -3,7 +3,7 @@
 
 - Loads the shared fixture plugins (the embedded vLLM backend).
 - Under `CI=true`, a skipped test fails the run unless its reason matches the allow-list (README.md, "Two commands")
-  (things that cannot exist on this machine: docker, apptainer, nemo_rl, sglang, gpu). Everything else the
+  (things that cannot exist on this machine: apptainer, nemo_rl, sglang, gpu). Everything else the
   suite needs is installed by `make test`, so a skip there means a missing set-up step.
 """
 
@@ -15,7 +15,7 @@ import re
 import pytest
 
 # Each plugin named here must exist (tests/test_conftest.py checks it): a missing one is an error, never skipped.
-pytest_plugins = ["tests.fixtures_backend"]
+pytest_plugins = ["tests.fixtures_backend", "tests.fixtures_containers"]
 
 # Tests of acceptance items that are known not to pass yet on this machine, each tied to its open issue.
 # `make test` deselects them (they are reported, never counted as passing); `POLAR_RUN_PENDING=1` runs them.
@@ -26,7 +26,7 @@ def _pending_reason(nodeid: str) -> str | None:
     return PENDING.get(nodeid) or PENDING.get(nodeid.split("::", 1)[0])
 
 
-SKIP_ALLOW_LIST = re.compile(r"\b(docker|apptainer|nemo_rl|nemo-rl|sglang|gpu|cuda)\b", re.IGNORECASE)
+SKIP_ALLOW_LIST = re.compile(r"\b(apptainer|nemo_rl|nemo-rl|sglang|gpu|cuda)\b", re.IGNORECASE)
 
 _disallowed_skips: list[tuple[str, str]] = []
 

@@ -118,6 +118,14 @@ class _BusyMeter:
         return self.area + self.busy * (time.monotonic() - self._last)
 
 
+def _reap_containers(work_dir: str) -> None:
+    from nemo_polar.runtime.container import gateway_owner, reap
+
+    n = reap(gateway_owner(work_dir))
+    if n:
+        log.warning("removed %d container(s) left by an earlier gateway on %s", n, work_dir)
+
+
 class Gateway:
     def __init__(
         self,
@@ -164,6 +172,7 @@ class Gateway:
         """Start the pools (and the server link when `server_url` is set)."""
         self._http = aiohttp.ClientSession(json_serialize=lambda o: orjson.dumps(o).decode())
         await asyncio.to_thread(Path(self.config.work_dir).mkdir, parents=True, exist_ok=True)
+        await asyncio.to_thread(_reap_containers, self.config.work_dir)  # what a killed gateway here left running
         self.meter = _BusyMeter()
         c = self.config
         if c.staged:

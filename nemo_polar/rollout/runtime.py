@@ -377,15 +377,31 @@ class SandboxRuntime(LocalRuntime):
 
 
 async def create_runtime(
-    session_id: str, spec: RuntimeSpec, root: Path, *, proxy_port: int | None = None, hidden: Sequence[Path] = ()
+    session_id: str,
+    spec: RuntimeSpec,
+    root: Path,
+    *,
+    proxy_port: int | None = None,
+    hidden: Sequence[Path] = (),
+    owner: str | None = None,
 ) -> Runtime:
     """A runtime for `spec`: `local` + `isolation: none` is a plain directory with host processes; `local` +
     `isolation: sandbox` runs every command under bubblewrap with only `proxy_port` reachable and the `hidden`
-    directories (the gateway's run directory) empty. Other kinds (docker, apptainer) are not available yet and fail
-    explicitly — never silently unsandboxed."""
+    directories (the gateway's run directory) empty; `docker` / `podman` run a long-lived container from
+    `spec.image` (`nemo_polar.runtime.container`), labelled with `owner` (default: derived from the first `hidden`
+    directory, the gateway's work dir) so a restarted gateway reaps what a killed one left. Other
+    kinds (apptainer) fail explicitly — never silently unsandboxed."""
     if spec.kind == "local" and spec.isolation == "none":
         return await LocalRuntime.create(session_id, spec, root)
     if spec.kind == "local":
         # with no proxy the relay's port leads nowhere: the sandbox then has no route out at all
         return await SandboxRuntime.create_sandboxed(session_id, spec, root, proxy_port or 9, hidden)
-    raise RuntimeSetupError(f"runtime kind {spec.kind!r} is not available on this gateway (local only)")
+    if spec.kind in ("docker", "podman"):
+        from nemo_polar.runtime.container import ContainerRuntime, gateway_owner
+
+        if owner is None:
+            owner = gateway_owner(hidden[0] if hidden else root)
+        return await ContainerRuntime.create_container(
+            session_id, spec, root, proxy_port=proxy_port or 9, owner=owner
+        )
+    raise RuntimeSetupError(f"runtime kind {spec.kind!r} is not available on this gateway (local, docker, podman)")
