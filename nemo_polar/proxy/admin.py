@@ -5,6 +5,12 @@ Routes (control token: `Authorization: Bearer <token>` or `x-polar-control-token
 `{"error": {"message": ...}}` JSON): `POST /sessions`, `GET /sessions/{id}`, `GET /sessions/{id}/records`,
 `POST /sessions/{id}/close`, `POST /admin/pause`, `POST /admin/resume`, `GET|POST /admin/policy_version`,
 `GET /admin/status`. Harness calls and their provider shapes are `nemo_polar.proxy.app`'s.
+
+`GET /sessions/{id}/records?after_seq=N&limit=M[&encoding=plain|compact]` pages a session's records in `seq` order
+(`{"records": [...], "next_after_seq": N | null}`): token ids and logprobs as plain JSON arrays by default
+(`encoding=plain`; a non-finite logprob is spelled as a string, `"-inf"`), or as the store keeps them with
+`encoding=compact` (`"b64:i32:…"` little-endian int32 ids, `"b64:f64:…"` float64 logprobs; cheaper for large pages;
+`nemo_polar.types.decode_array` reads both forms).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from aiohttp import web
 
 from nemo_polar.proxy.normalized import ProviderError
 from nemo_polar.proxy.sessions import Session, SessionError
+from nemo_polar.types import CompletionRecord
 
 if TYPE_CHECKING:
     from nemo_polar.proxy.app import Proxy
@@ -147,8 +154,13 @@ class AdminAPI:
             limit = max(1, min(int(request.query.get("limit", "100")), 1000))
         except ValueError:
             return _json({"error": {"message": "after_seq and limit must be integers"}}, 400)
+        encoding = request.query.get("encoding", "plain")
+        if encoding not in ("plain", "compact"):
+            return _json({"error": {"message": f"encoding must be plain or compact, not {encoding!r}"}}, 400)
         rows = self.proxy.store.list_records_raw(s.session_id, after_seq=after, limit=limit)
         nxt = orjson.loads(rows[-1])["seq"] if len(rows) == limit else None
+        if encoding == "plain":  # the stored form is compact; plain JSON arrays are what clients expect
+            rows = [CompletionRecord.from_json(row).to_json(compact=False) for row in rows]
         body = b'{"records":[' + b",".join(rows) + b'],"next_after_seq":' + orjson.dumps(nxt) + b"}"
         return web.Response(body=body, content_type="application/json")
 
