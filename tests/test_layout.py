@@ -99,6 +99,15 @@ RULES: list[tuple[str, tuple[str, ...], str]] = [
     ("nemo_polar.harness_adapters", _all_but(*CORE_LEAVES), "adapters see a small context object, not the gateway"),
     ("nemo_polar.proxy", _all_but(*CORE_LEAVES), "the proxy knows no adapter, rollout, runtime or credit"),
     ("nemo_polar.backend", _all_but("nemo_polar.errors", "nemo_polar.types"), "the backend is a leaf"),
+    ("nemo_polar.examples", _all_but(), "the example tasks are data"),
+    (
+        "nemo_polar.rundir",
+        (
+            *_all_but(*CORE_LEAVES, "nemo_polar.proxy"),
+            *(f"nemo_polar.proxy.{m}" for m in ("app", "admin", "dialects")),
+        ),
+        "the run directory reads records through the store only",
+    ),
     (
         "nemo_polar.evaluators",
         (*_all_but(*CORE_LEAVES, "nemo_polar.rollout"), "nemo_polar.rollout.server", "nemo_polar.rollout.gateway"),
