@@ -7,7 +7,10 @@ turns every failure into an `EvalResult` with reward 0, a `failure_kind` and —
 (the evaluator crashed, timed out, was not found, returned garbage) — `mask_sample=True`, so a broken verifier
 never crashes a gateway nor trains the policy on a wrong 0.
 
-This module runs no tests itself; see `swe_tests`, `command`, `session_completed`.
+Each evaluator may declare the pydantic model of its `options` (`register_evaluator(name, options=Model)`, or an
+`options_model` attribute on a dotted-path evaluator); the rollout server checks a task's `evaluator.options`
+against it at submit (`nemo_polar.rollout.task_options`). This module runs no tests itself; see `swe_tests`,
+`command`, `session_completed`.
 """
 
 from __future__ import annotations
