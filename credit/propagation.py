@@ -183,7 +183,7 @@ def path_key(p: str) -> str:
 
 def surviving_edits(graph: CallGraph) -> list[int]:
     """AE calls whose changes survive into the final diff: every edit that no later revert of one of its paths
-    undid (a revert with no recorded paths undoes every earlier edit). Reverts themselves are not surviving
+    undid (a revert with no recorded paths, e.g. `git reset --hard`, or of `.` undoes every earlier edit). Reverts themselves are not surviving
     edits. Graphs without paths (NeMo RL annotations) have no reverts: every AE call survives."""
     out = []
     nodes = graph.nodes
@@ -195,7 +195,7 @@ def surviving_edits(graph: CallGraph) -> list[int]:
         for later in nodes[i + 1 :]:
             if is_revert(later):
                 theirs = {path_key(p) for p in later.paths_written}
-                if not theirs or not mine or (mine & theirs):
+                if not theirs or "" in theirs or not mine or (mine & theirs):  # "" : `git checkout .`
                     undone = True
                     break
         if not undone:

@@ -206,9 +206,11 @@ def test_an_undone_edit_gets_nothing_and_the_revert_earns_through_the_fix() -> N
     assert float(credit[4]) == float(credit.max())
     assert 0 < float(credit[0]) < float(credit[4]) and 0 < float(credit[3]) < float(credit[4])
     assert float(credit[5]) > 0  # the passing verification of the fix
-    # a revert of another file undoes nothing here
+    # a revert of another file undoes nothing here; a revert of the whole tree undoes every earlier edit
     _edit(g, 3, "src/pkg/other.py", revert=True)
     assert surviving_edits(g) == [1, 4]
+    _edit(g, 3, ".", revert=True)
+    assert surviving_edits(g) == [4]
 
 
 def test_unverified_surviving_edits_weigh_less() -> None:
