@@ -16,10 +16,10 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
 
 from nemo_polar.errors import PolarError
 
@@ -36,8 +36,6 @@ __all__ = [
 
 SECRET_ENV = "POLAR_ROLLOUT_SECRET"
 SECRET_FILE_ENV = "POLAR_ROLLOUT_SECRET_FILE"
-
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 class AuthConfigError(PolarError, ValueError):
@@ -92,7 +90,7 @@ def _presented(request: web.Request) -> bytes | None:
     return token.strip().encode("utf-8", "surrogateescape")
 
 
-def auth_middleware(secret: str | None) -> Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]:
+def auth_middleware(secret: str | None) -> Middleware:
     """An aiohttp middleware that lets a request through only with the secret (every request when it is None)."""
     expected = secret.encode("utf-8") if secret else None
 
