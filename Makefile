@@ -5,7 +5,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 POLAR := $(PY) -m nemo_polar.cli
 
-.PHONY: venv deps backend harnesses gym setup lint typecheck pytest test demo bench clean
+.PHONY: venv deps backend harnesses gym nemo-rl setup lint typecheck pytest test demo bench clean
 
 venv:
 	@bash scripts/setup_venv.sh
@@ -22,8 +22,12 @@ harnesses: venv
 gym: venv
 	@bash scripts/gym_venv.sh
 
+# the real NeMo RL + the Gym it pins, from ../shared/vendor (checksums verified); tests/nemo_rl/ runs there
+nemo-rl: venv
+	@bash scripts/nemo_rl_venv.sh
+
 # everything the suite needs, installed rather than skipped
-setup: venv deps backend harnesses gym
+setup: venv deps backend harnesses gym nemo-rl
 
 lint: venv
 	$(PY) -m ruff check nemo_polar harness_adapters credit environments tests benchmarks polar_lab

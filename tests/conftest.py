@@ -3,7 +3,7 @@
 
 - Loads the shared fixture plugins (the embedded vLLM backend).
 - Under `CI=true`, a skipped test fails the run unless its reason matches the allow-list (README.md, "Two commands")
-  (things that cannot exist on this machine: apptainer, nemo_rl, sglang, gpu). Everything else the
+  (things that cannot exist on this machine: apptainer, sglang, gpu). Everything else the
   suite needs is installed by `make test`, so a skip there means a missing set-up step.
 """
 
@@ -26,7 +26,7 @@ def _pending_reason(nodeid: str) -> str | None:
     return PENDING.get(nodeid) or PENDING.get(nodeid.split("::", 1)[0])
 
 
-SKIP_ALLOW_LIST = re.compile(r"\b(apptainer|nemo_rl|nemo-rl|sglang|gpu|cuda)\b", re.IGNORECASE)
+SKIP_ALLOW_LIST = re.compile(r"\b(apptainer|sglang|gpu|cuda)\b", re.IGNORECASE)
 
 _disallowed_skips: list[tuple[str, str]] = []
 

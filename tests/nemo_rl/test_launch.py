@@ -375,20 +375,24 @@ def test_name_call_credit_not_allowed_where_name_is_a_literal() -> None:
 
 
 def test_async_collector_gets_the_patch_through_a_ray_setup_hook(monkeypatch: pytest.MonkeyPatch) -> None:
-    import types
-
+    import ray
     from nemo_polar.credit.nemo_rl import launch, patches
+    from nemo_rl.experience import rollouts
 
     seen: dict[str, object] = {}
-    standin_ray = types.ModuleType("ray")  # STAND-IN for ray (not installed here): records init's runtime_env
-    standin_ray.init = lambda *a, **kw: seen.update(kw)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "ray", standin_ray)
+    # the real ray module; only its init is replaced by a recorder, so no cluster starts
+    monkeypatch.setattr(ray, "init", lambda *a, **kw: seen.update(kw))
     launch._inject_ray_setup_hook()
     launch._inject_ray_setup_hook()  # idempotent
-    standin_ray.init(address="auto", runtime_env={"env_vars": {"A": "1"}})  # as NeMo RL's init_ray calls it
+    ray.init(address="auto", runtime_env={"env_vars": {"A": "1"}})  # as NeMo RL's init_ray calls it
     assert seen["runtime_env"] == {"env_vars": {"A": "1"}, "worker_process_setup_hook": launch.RAY_SETUP_HOOK}
-    # the hook itself: a no-op without the env flag, and harmless where NeMo RL's rollouts module is absent
+    # the hook itself: a no-op without the env flag; with it, it wraps the real rollouts module's group post-processing
+    original = rollouts._postprocess_single_nemo_gym_group
+    monkeypatch.setattr(rollouts, "_postprocess_single_nemo_gym_group", original)  # restored afterwards
     monkeypatch.delenv(patches.PATCH_ENV, raising=False)
     patches.ray_worker_setup()
+    assert rollouts._postprocess_single_nemo_gym_group is original
     monkeypatch.setenv(patches.PATCH_ENV, "1")
     patches.ray_worker_setup()
+    assert getattr(rollouts._postprocess_single_nemo_gym_group, "__polar_calls_wrapped__", False)
+    assert rollouts._postprocess_single_nemo_gym_group.__wrapped__ is original

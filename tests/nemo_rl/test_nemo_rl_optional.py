@@ -1,11 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The same checks against the real NeMo RL, where `nemo_rl` is importable (skipped elsewhere: not on PyPI,
-needs Python >= 3.13.14 and a GPU stack). Validates every recipe with NeMo RL's own `MasterConfig`, installs the
-plug-in into its real factory, and compares α = 1 with its `GRPOAdvantageEstimator`."""
+"""The same checks against the real NeMo RL (run in the NeMo RL environment, see conftest.py). Validates every
+recipe with NeMo RL's own `MasterConfig`, installs the plug-in into its real factory, and compares α = 1 with its
+`GRPOAdvantageEstimator`."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -15,11 +14,6 @@ from nemo_polar.credit.nemo_rl.factory import allows_name_call_credit
 from nemo_polar.credit.nemo_rl.recipe import load_with_overrides
 
 from .nemo_rl_repro import build_batch
-
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("nemo_rl") is None,
-    reason="nemo_rl is not importable here (not on PyPI; needs Python >= 3.13.14 and a GPU stack)",
-)
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))

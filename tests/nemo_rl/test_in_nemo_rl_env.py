@@ -1,0 +1,84 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The bridge from the project venv to the NeMo RL environment (see this folder's conftest.py).
+
+Builds or reuses the NeMo RL venv (`scripts/nemo_rl_venv.sh`: the vendored NeMo RL and NeMo Gym 0.5.1, checksums
+verified), then
+- runs this folder's other test modules there, as one pytest session against the real `nemo_rl`;
+- runs NeMo RL's own unit tests (advantage estimators, GRPO helpers, losses, the Gym environment helpers, rollouts)
+  with the CALL-CREDIT plug-in installed (`polar_lab/nemo_rl_unit_tests.py`).
+Each test fails when its session fails, and prints the session's counts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def nemo_rl_python() -> Path:
+    try:
+        proc = subprocess.run(
+            ["bash", str(REPO / "scripts" / "nemo_rl_venv.sh")], capture_output=True, text=True, timeout=3600
+        )
+    except subprocess.TimeoutExpired as exc:
+        pytest.skip(f"scripts/nemo_rl_venv.sh did not finish: {exc}")
+    if proc.returncode != 0:
+        pytest.skip(f"the NeMo RL environment could not be built (scripts/nemo_rl_venv.sh): {proc.stderr[-2000:]}")
+    return Path(proc.stdout.strip().splitlines()[-1]) / "bin" / "python"
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("VIRTUAL_ENV", None)
+    env.pop("PYTHONPATH", None)
+    return env
+
+
+def _summary(output: str) -> str:
+    lines = [line for line in output.splitlines() if re.search(r"\b\d+ (passed|failed)\b", line)]
+    return lines[-1] if lines else "(no summary line)"
+
+
+def test_nemo_rl_tests_pass_in_the_nemo_rl_env(nemo_rl_python: Path) -> None:
+    modules = sorted(str(p.relative_to(REPO)) for p in HERE.glob("test_*.py") if p.name != Path(__file__).name)
+    assert modules, "no NeMo RL test modules found"
+    proc = subprocess.run(
+        [str(nemo_rl_python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", *modules],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=3000,
+    )
+    output = proc.stdout + proc.stderr
+    print(output[-6000:])
+    assert proc.returncode == 0, f"NeMo RL env session failed ({_summary(output)}):\n{output[-6000:]}"
+    assert re.search(r"\b[1-9]\d* passed\b", _summary(output)), output[-3000:]
+
+
+def test_nemo_rl_own_unit_tests_pass_with_the_plugin_installed(nemo_rl_python: Path, tmp_path: Path) -> None:
+    out = tmp_path / "counts.json"
+    proc = subprocess.run(
+        [str(nemo_rl_python), str(REPO / "polar_lab" / "nemo_rl_unit_tests.py"), "--json", str(out)],
+        cwd=REPO,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    output = proc.stdout + proc.stderr
+    print(output[-4000:])
+    assert out.is_file(), f"the runner wrote no counts (rc={proc.returncode}):\n{output[-4000:]}"
+    report = json.loads(out.read_text())
+    counts = report["counts"]
+    assert proc.returncode == 0 and counts["failed"] == 0 and counts["errors"] == 0, report["failed"]
+    assert counts["passed"] > 0, counts
