@@ -25,7 +25,7 @@ __all__ = ["completed", "error_dict", "failed", "open_record", "rejected"]
 
 
 def open_record(
-    session: Session, dialect: str, arrived: float, original: dict[str, Any], requested_model: str
+    session: Session, dialect: str, arrived: float, original: dict[str, Any], requested_model: str | None
 ) -> CompletionRecord:
     return CompletionRecord(
         id=uuid.uuid4().hex,
@@ -84,13 +84,7 @@ def rejected(session: Session, dialect: str, raw: bytes, arrived: float, err: Pr
             original = {"_raw": raw[:65536].decode("utf-8", "replace")}
     except orjson.JSONDecodeError:
         original = {"_raw": raw[:65536].decode("utf-8", "replace")}
-    return CompletionRecord(
-        id=uuid.uuid4().hex,
-        session_id=session.session_id,
-        seq=session.take_seq(),
-        dialect=dialect,
-        arrived_at=arrived,
-        finished_at=time.time(),
-        original_request=original,
-        error={"type": "rejected", "status": err.status, "kind": err.kind, "message": err.message},
-    )
+    rec = open_record(session, dialect, arrived, original, None)
+    rec.finished_at = time.time()
+    rec.error = {"type": "rejected", "status": err.status, "kind": err.kind, "message": err.message}
+    return rec

@@ -110,15 +110,8 @@ class SGLangEngine:
             for ev in batch:
                 yield ev
 
-    async def complete_ids(
-        self,
-        prompt_ids: list[int],
-        sampling: dict[str, Any],
-        served_model: str,
-        route_key: str,
-        *,
-        extra: dict[str, Any] | None = None,
-    ) -> tuple[Generation, str]:
+    async def complete_ids(self, *args: Any, **kwargs: Any) -> tuple[Generation, str]:
+        """Not available: SGLang's chat endpoint takes no prompt token ids (prefix splicing needs vLLM)."""
         raise ProviderError(500, "api_error", f"engine {self.name} cannot generate from token ids")
 
     async def tokenize(self, call: EngineCall) -> list[int]:
