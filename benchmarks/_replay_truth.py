@@ -179,12 +179,27 @@ def run(
     rho = {arm: spearman([r[arm] for r in rows], deltas) for arm in ("broadcast", "uniform", "rules")}
     return {
         "rows": rows,
+        "decisive_first": decisive_first(rows),
         "rho": rho,
         "rewards": [r.reward for r in results],
         "sessions": len(results) + len(rows),
         "upstream": upstream or "FAKE",
         "wall_s": time.perf_counter() - t0,
     }
+
+
+def decisive_first(rows: list[dict[str, Any]]) -> dict[str, bool]:
+    """Per example whose fix session has a decisive call (δ > 0): whether that call has the highest rules credit
+    of the session (every other call, the reads before it included, strictly less)."""
+    out: dict[str, bool] = {}
+    for ex in dict.fromkeys(r["example"] for r in rows):
+        calls = [r for r in rows if r["example"] == ex and r["session"] == "fix"]
+        decisive = [r for r in calls if r["delta"] > 0]
+        if not decisive:
+            continue
+        top = max(decisive, key=lambda r: r["rules"])
+        out[ex] = all(r["rules"] < top["rules"] for r in calls if r is not top)
+    return out
 
 
 def format_table(out: dict[str, Any]) -> str:
@@ -213,6 +228,12 @@ def format_table(out: dict[str, Any]) -> str:
             else ""
         )
     )
+    first = out.get("decisive_first", {})
+    if first:
+        lines.append(
+            "the decisive call has the highest CALL-CREDIT credit of its fix session: "
+            + ", ".join(f"{ex} {'yes' if ok else 'NO'}" for ex, ok in first.items())
+        )
     return "\n".join(lines)
 
 
