@@ -9,6 +9,8 @@ error, a 5xx or 429, or a stream cut before its terminal part (bounded, with bac
 proxy is the real `polar proxy` in its own process; the upstream is the FAKE vLLM server (`polar_lab.fake_upstream`,
 named as a fake: a failure has to be provoked on demand). Faults:
 
+- `server_kill` / `gateway_kill`: the rollout server (or its gateway) is SIGKILLed with sessions in every pool and
+  restarted on the same journal (work dir and node id); its agents are SIMULATED (timed processes, no model);
 - `kill`: the proxy is SIGKILLed while a stream is in flight and restarted on the same port and store;
 - `upstream`: a relay in front of the upstream answers 5 % of calls 502, holds 5 % past the proxy's read timeout
   and resets 5 % of connections (seeded);
@@ -401,6 +403,101 @@ def row_disk(d: Dialect, work: Path, n_sessions: int, calls: int) -> dict[str, A
         subprocess.run(["umount", str(mnt)], capture_output=True)
 
 
+# -- fault: rollout server / gateway SIGKILL (simulated agents: timed processes, no model) -----------------------------
+def _spawn_cli(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [PY, "-m", "nemo_polar.cli", *args],
+        cwd=_path.REPO,
+        stdout=log.open("ab"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # the gateway's agents die with it
+    )
+
+
+def _killpg(p: subprocess.Popen[bytes] | None) -> None:
+    if p is not None and p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait(30)
+
+
+def _sim_task(task_id: str, n: int, run_s: float) -> Any:
+    from nemo_polar.rollout import TaskSpec
+
+    return TaskSpec.model_validate(
+        {
+            "task_id": task_id,
+            "instruction": "simulated",
+            "num_samples": n,
+            "runtime": {"isolation": "none"},
+            "agent": {"harness": "simulation", "options": {"run_s": run_s}},
+            "builder": "per_request",
+            "evaluator": "session_completed",
+            "timeout_s": 120,
+        }
+    )
+
+
+def row_service(which: str, work: Path, n: int) -> dict[str, Any]:
+    """Kill the rollout server (`which="server"`) or the gateway (`"gateway"`) with sessions in every pool, restart
+    it on the same journal / work dir and node id, and collect the task."""
+    from nemo_polar.rollout import PolarClient
+
+    wd = work / f"svc-{which}"
+    wd.mkdir()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server_args = ["serve-rollout", "--port", str(port), "--journal", str(wd / "rollout.sqlite")]
+    server_args += ["--node-timeout-s", "3" if which == "gateway" else "30", "--max-attempts", "3"]
+    gw_args = ["serve-gateway", "--node-id", "node-0", "--server", url, "--work-dir", str(wd / "gw")]
+    gw_args += ["--run-slots", "2", "--init-workers", "2", "--ready-buffer", "2", "--postrun-workers", "2"]
+    procs: dict[str, subprocess.Popen[bytes] | None] = {"server": None, "gateway": None}
+
+    async def main() -> dict[str, Any]:
+        procs["server"] = _spawn_cli(server_args, wd / "server.log")
+        await asyncio.to_thread(_wait_http, url + "/health")
+        procs["gateway"] = _spawn_cli(gw_args, wd / "gateway.log")
+        task = _sim_task(f"kill-{which}", n, 1.5)
+        got: list[Any] = []
+        fault_t = 0.0
+        first_after: float | None = None
+        async with PolarClient(url, poll_wait_s=1, timeout_s=10) as client:
+            await client.submit(task)
+            async for r in client.results(task.task_id):  # one result in: the others are in INIT / READY / RUNNING
+                got.append(r)
+                break
+            _killpg(procs[which])
+            fault_t = time.time()
+            await asyncio.sleep(0.5)
+            procs[which] = _spawn_cli(server_args if which == "server" else gw_args, wd / f"{which}.log")
+            try:
+                async with asyncio.timeout(240):
+                    async for r in client.results(task.task_id, after=len(got)):
+                        got.append(r)
+                        first_after = first_after or time.time()
+                hung = 0
+            except TimeoutError:
+                hung = n - len({r.sample_index for r in got})
+        per_sample = Counter(r.sample_index for r in got)
+        return {
+            "sessions": n,
+            "received": len(got),
+            "stored": len(per_sample),
+            "lost": n - len(per_sample) - hung,
+            "duplicates": sum(c - 1 for c in per_sample.values() if c > 1),
+            "hung": hung,
+            "recover_s": (first_after - fault_t) if first_after else None,
+            "failed_results": Counter(
+                (r.eval.failure_kind if r.eval else None) or r.status for r in got if r.status != "COMPLETED"
+            ),
+        }
+
+    try:
+        return asyncio.run(main())
+    finally:
+        _killpg(procs["gateway"])
+        _killpg(procs["server"])
+
+
 # -- the fuzzer -------------------------------------------------------------------------------------------------------
 def _deep(n: int) -> bytes:
     return b'{"messages":' + b"[" * n + b"]" * n + b"}"
@@ -497,7 +594,8 @@ def main() -> int:
     ap.add_argument("--sessions", type=int, default=3)
     ap.add_argument("--calls", type=int, default=4, help="calls per session")
     ap.add_argument("--fuzz", type=int, default=10_000, help="fuzzer requests per dialect")
-    ap.add_argument("--only", default="kill,upstream,disk,fuzz")
+    ap.add_argument("--samples", type=int, default=8, help="samples of the server / gateway kill tasks")
+    ap.add_argument("--only", default="server_kill,gateway_kill,kill,upstream,disk,fuzz")
     ap.add_argument("--dialects", default=",".join(d.name for d in DIALECTS))
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -507,6 +605,13 @@ def main() -> int:
     notes: list[str] = []
     t0 = time.monotonic()
     try:
+        for which in ("server", "gateway"):
+            if f"{which}_kill" in only:
+                r = row_service(which, work, args.samples)
+                print(f"{which}_kill: {json.dumps(r, default=str)}", flush=True)
+                rows.append([f"{which} SIGKILL", "– (simulated agents)", r["sessions"], r["received"], r["stored"],
+                             r["lost"], r["duplicates"], r["hung"], r["recover_s"]])  # fmt: skip
+                notes.append(f"{which}_kill: results not COMPLETED {json.dumps(dict(r['failed_results']))}")
         for fault, fn in (("kill", row_kill), ("upstream", row_upstream), ("disk", row_disk)):
             if fault not in only:
                 continue
@@ -524,12 +629,13 @@ def main() -> int:
                 print(f"{fault} {d.name}: {json.dumps(r)}", flush=True)
         if rows:
             table(
-                "Fault campaign: sessions through the real proxy (FAKE upstream) under injected faults",
+                "Fault campaign: sessions through the real rollout service and proxy (FAKE upstream) under injected faults",
                 ["fault", "dialect", "sessions", "received", "stored ok", "lost", "duplicates", "hung", "recover s"],
                 rows,
-                note="received = calls whose whole answer (terminal part included) reached the client; stored ok = "
-                "records without error for those calls; failed records (cut streams, upstream errors) are kept as "
-                "failures and not counted as stored. Details per row: " + "; ".join(notes),
+                note="proxy rows: received = calls whose whole answer (terminal part included) reached the client, "
+                "stored ok = records without error for those calls (cut streams and upstream errors are kept as failure "
+                "records, not counted here); server / gateway rows: sessions = samples, received = results the "
+                "trainer's client got, stored = samples with a result. Details per row: " + "; ".join(notes),
             )
         if "fuzz" in only:
             frows = []
