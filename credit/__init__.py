@@ -59,6 +59,7 @@ _EXPORTS: dict[str, str] = {
     "select_calls": "counterfactual",
     "token_advantages": "fusion",
     "token_weights": "fusion",
+    "training_metrics": "metrics",
     "update_omega": "coevolution",
     "weakness_report": "metrics",
     "write_dpo_jsonl": "curation",
@@ -82,7 +83,7 @@ if TYPE_CHECKING:
     from .curation import dpo_pairs, sampling_weights, write_dpo_jsonl
     from .fusion import fuse_batch, fuse_row, sample_weights, token_advantages, token_weights
     from .graph import CallGraph, CallNode, Edge, annotate
-    from .metrics import broadcast_factors, reward_hacking, role_distributions, weakness_report
+    from .metrics import broadcast_factors, reward_hacking, role_distributions, training_metrics, weakness_report
     from .propagation import CreditAssignment, assign, group_advantages, propagate, rv_rewards
     from .roles import DEFAULT_TOOL_ROLES, adapter_tool_roles, openai_judge
 
@@ -132,6 +133,7 @@ __all__ = [
     "select_calls",
     "token_advantages",
     "token_weights",
+    "training_metrics",
     "update_omega",
     "weakness_report",
     "write_dpo_jsonl",

@@ -31,7 +31,14 @@ from .config import CurationConfig, MetricsConfig
 from .graph import CallGraph
 from .propagation import CreditAssignment
 
-__all__ = ["broadcast_factors", "is_hacked", "reward_hacking", "role_distributions", "weakness_report"]
+__all__ = [
+    "broadcast_factors",
+    "is_hacked",
+    "reward_hacking",
+    "role_distributions",
+    "training_metrics",
+    "weakness_report",
+]
 
 ROLES = ("IG", "AE", "RV", "OTHER")
 
@@ -103,6 +110,41 @@ def reward_hacking(
         "sessions": flagged,
         "per_harness": per,
     }
+
+
+def training_metrics(
+    graphs: Sequence[CallGraph],
+    assignments: Sequence[CreditAssignment],
+    config: MetricsConfig | None = None,
+    *,
+    prefix: str = "call_credit/",
+) -> dict[str, float]:
+    """Flat scalars for a trainer's logger, one batch: the reward-hacking rate (NaN without a successful
+    trajectory), the share of Σ|Â_v| per role, the number of calibrated calls and their mean Δ (NaN when none),
+    the mean |Â_τ| and the number of calls. Trainer-independent (the NeMo RL paths log this dict)."""
+    cfg = config or MetricsConfig()
+    rewards = [a.reward for a in assignments]
+    rep = reward_hacking(graphs, rewards, [a.factor for a in assignments], cfg)
+    mass = {r: 0.0 for r in ROLES}
+    for a in assignments:
+        for k, role in enumerate(a.roles):
+            mass[role if role in mass else "OTHER"] += abs(float(a.credit[k]))
+    total = sum(mass.values())
+    deltas = [d for a in assignments for d in a.calibrated.values()]
+    n_calls = sum(len(a.roles) for a in assignments)
+    out = {
+        "hacking_rate": float("nan") if rep["rate"] is None else float(rep["rate"]),
+        "successful": float(rep["n_successful"]),
+        "calibrated_calls": float(len(deltas)),
+        "calibrated_mean_delta": sum(deltas) / len(deltas) if deltas else float("nan"),
+        "mean_abs_traj_advantage": (
+            sum(abs(a.advantage) for a in assignments) / len(assignments) if assignments else 0.0
+        ),
+        "calls": float(n_calls),
+    }
+    for role in ROLES:
+        out[f"credit_share/{role}"] = mass[role] / total if total > 0 else 0.0
+    return {prefix + k: v for k, v in out.items()}
 
 
 def _quantile(xs: list[float], q: float) -> float:

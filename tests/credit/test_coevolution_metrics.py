@@ -152,3 +152,19 @@ def test_weakness_report() -> None:
     assert w["unverified_edits"]["count"] == 1 and w["unverified_edits"]["examples"][0]["call_index"] == 3
     assert w["uncorrected_failures"]["count"] == 1 and w["failed_verifications"] == 1
     assert w["unused_reads"]["rate"] == 0.5 and w["unverified_edits"]["rate"] == 0.5
+
+
+def test_training_metrics_for_a_logger() -> None:
+    from nemo_polar.credit import training_metrics
+
+    g = synthetic_graph(["IG", "AE", "RV"], [(0, 1), (1, 2)])
+    out = assign([g, g], [1.0, 0.0])
+    out[0].calibrated[1] = 1.0
+    m = training_metrics([g, g], out)
+    assert m["call_credit/hacking_rate"] == 0.0 and m["call_credit/successful"] == 1.0
+    assert m["call_credit/calibrated_calls"] == 1.0 and m["call_credit/calibrated_mean_delta"] == 1.0
+    shares = [m[f"call_credit/credit_share/{r}"] for r in ("IG", "AE", "RV", "OTHER")]
+    assert abs(sum(shares) - 1.0) < 1e-9 and shares[1] == max(shares)
+    assert m["call_credit/calls"] == 6.0
+    empty = training_metrics([], [])
+    assert empty["call_credit/hacking_rate"] != empty["call_credit/hacking_rate"]  # NaN: nothing successful
