@@ -311,6 +311,30 @@ class MasterConfigSchema(_Open):
     polar: PolarSchema = Field(default_factory=PolarSchema)
 
     @model_validator(mode="after")
+    def _gym_path_rules(self) -> MasterConfigSchema:
+        """Refuse what NeMo RL's Gym path cannot deliver, instead of training on a silently truncated session."""
+        env = self.env.model_dump()
+        if not env.get("should_use_nemo_gym"):
+            return self
+        problems = []
+        if self.polar.builder == "per_request":
+            problems.append(
+                "polar.builder=per_request: NeMo RL's Gym path takes one contiguous chain per sample, so only the "
+                "first model call of each session would be trained; use polar.builder=prefix_merging"
+            )
+        agent = (((env.get("nemo_gym") or {}).get("polar_agent") or {}).get("responses_api_agents") or {}).get(
+            "polar_agent"
+        ) or {}
+        if self.polar.harness == "shell" and not (agent.get("agent_options") or {}).get("command_line"):
+            problems.append(
+                "polar.harness=shell needs env.nemo_gym.polar_agent.responses_api_agents.polar_agent.agent_options."
+                "command_line (the agent command to run); without it every session fails"
+            )
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @model_validator(mode="after")
     def _async_grpo_rules(self) -> MasterConfigSchema:
         if self.grpo.async_grpo is not None and self.grpo.async_grpo.enabled:
             problems = []

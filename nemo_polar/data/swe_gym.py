@@ -44,6 +44,8 @@ __all__ = [
 ]
 
 DEFAULT_IMAGE_PREFIX = "xingyaoww/sweb.eval.x86_64."
+# the Gym agent server every row is dispatched to (`polar_agent` in environments/.../polar_swe/configs)
+DEFAULT_AGENT = "polar_agent"
 SWE_GYM_WORKDIR = "/testbed"  # where SWE-Gym / SWE-bench images keep the repository
 RuntimeKind = Literal["docker", "apptainer"]
 
@@ -107,11 +109,17 @@ def _runtime(row: SweGymRow, kind: RuntimeKind, image_prefix: str) -> dict[str, 
 
 
 def gym_row(
-    row: SweGymRow, *, runtime: RuntimeKind = "docker", image_prefix: str = DEFAULT_IMAGE_PREFIX
+    row: SweGymRow,
+    *,
+    runtime: RuntimeKind = "docker",
+    image_prefix: str = DEFAULT_IMAGE_PREFIX,
+    agent: str = DEFAULT_AGENT,
 ) -> dict[str, Any]:
     """The `polar_swe` Gym row for one instance (schema: `polar_swe/task_data.py`)."""
     out: dict[str, Any] = {
         "responses_create_params": {"input": [{"role": "user", "content": row.problem_statement}]},
+        # NeMo RL's Gym rollout dispatches each row to the agent server named here (`row["agent_ref"]["name"]`)
+        "agent_ref": {"name": agent},
         "instance_id": row.instance_id,
         "repo": row.repo,
         "base_commit": row.base_commit,
@@ -166,8 +174,9 @@ def task_spec(
 def convert_row(data: Mapping[str, Any], **options: Any) -> tuple[dict[str, Any], TaskSpec]:
     """(Gym row, TaskSpec) for one raw SWE-Gym row; `ValidationError` when the row is invalid."""
     row = SweGymRow.model_validate(data)
-    gym_opts = {k: v for k, v in options.items() if k in ("runtime", "image_prefix")}
-    return gym_row(row, **gym_opts), task_spec(row, **options)
+    gym_opts = {k: v for k, v in options.items() if k in ("runtime", "image_prefix", "agent")}
+    task_opts = {k: v for k, v in options.items() if k != "agent"}
+    return gym_row(row, **gym_opts), task_spec(row, **task_opts)
 
 
 def convert_file(path: str | Path, out_dir: str | Path, **options: Any) -> tuple[list[dict[str, Any]], list[TaskSpec]]:

@@ -126,6 +126,7 @@ class GymEnv:
             "config_paths": [
                 "responses_api_models/vllm_model/configs/vllm_model_for_training.yaml",  # Gym's own, as in recipes/
                 "resources_servers/polar_swe/configs/polar_swe.yaml",
+                "resources_servers/polar_swe/configs/polar_swe_environment_server.yaml",  # Gym 0.7's collection
             ],
             **self.global_overrides(),
             **self.overrides,

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from fastapi import FastAPI, HTTPException
 from nemo_gym.base_resources_server import (
@@ -29,16 +29,18 @@ from nemo_gym.base_resources_server import (
     BaseSeedSessionResponse,
     BaseVerifyRequest,
     BaseVerifyResponse,
-    ResourcesCloseSessionRequest,
-    ResourcesCloseSessionResponse,
-    ResourcesSeedSessionRequest,
-    ResourcesSeedSessionResponse,
     SimpleResourcesServer,
 )
 from nemo_gym.verifier_fixture import VerifierFixture
 from pydantic import ConfigDict, Field, PrivateAttr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # siblings, however Gym or a test imports this file
+from gym_compat import (
+    ResourcesCloseSessionRequest,
+    ResourcesCloseSessionResponse,
+    ResourcesSeedSessionRequest,
+    ResourcesSeedSessionResponse,
+)
 from polar_stack import PolarStack, UpstreamMismatch, stack_config
 
 from nemo_polar.evaluators import EvalContext, run_evaluator
@@ -172,7 +174,8 @@ class PolarSweVerifier:
 
 
 class PolarSweResourcesServer(PolarSweVerifier, SimpleResourcesServer):
-    ray_enabled = False  # the Polar stack schedules its own sessions; this process needs no Ray connection
+    # the Polar stack schedules its own sessions; this process needs no Ray connection
+    ray_enabled: ClassVar[bool | None] = False
     config: PolarSweResourcesServerConfig
     _stack: PolarStack | None = PrivateAttr(default=None)
     _closed: set[str] = PrivateAttr(default_factory=set)

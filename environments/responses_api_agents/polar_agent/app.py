@@ -18,7 +18,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from fastapi import Body, HTTPException
 from nemo_gym.base_resources_server import BaseRunRequest, BaseVerifyResponse
@@ -71,10 +71,13 @@ class PolarAgentVerifyResponse(BaseVerifyResponse):
 
     polar_calls: list[dict[str, Any]] | None = None
     polar: dict[str, Any] = Field(default_factory=dict)
+    # NeMo RL reads the mask flag from here (`full_result["instance_config"]["mask_sample"]`, rollouts.py at the
+    # pinned commit); the top-level `mask_sample` stays for Gym's own metrics and readers of the verify JSON
+    instance_config: dict[str, Any] = Field(default_factory=dict)
 
 
 class PolarAgent(SimpleResponsesAPIAgent):
-    ray_enabled = False
+    ray_enabled: ClassVar[bool | None] = False  # Gym 0.7 reads it from the class; 0.5.1 does not know it
     config: PolarAgentConfig
 
     async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming = Body()) -> NeMoGymResponse:
@@ -148,7 +151,14 @@ class PolarAgent(SimpleResponsesAPIAgent):
             kind = (result.metadata.get("failure") or {}).get("kind") or (ev.failure_kind if ev else None)
             out.failure_kind = f"polar_swe:{kind or 'rollout_failed'}"
             out.failure_reason = (ev.failure_reason if ev else None) or out.failure_reason
-        return out
+        return with_instance_config(out)
+
+
+def with_instance_config(out: PolarAgentVerifyResponse) -> PolarAgentVerifyResponse:
+    """`instance_config.mask_sample` = the result's `mask_sample` (False when absent): where NeMo RL looks."""
+    masked = bool(getattr(out, "mask_sample", False))
+    out.instance_config = {**out.instance_config, "mask_sample": masked}
+    return out
 
 
 if __name__ == "__main__":
