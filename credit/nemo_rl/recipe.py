@@ -1,25 +1,25 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Load a NeMo RL recipe the way NeMo RL does: `defaults:` inheritance, `_override_`, Hydra-style overrides.
+"""Load a NeMo RL recipe the way NeMo RL does: `defaults:` inheritance, `_override_`, Hydra overrides.
 
-Reproduces, without Hydra, the behaviour of the pinned NeMo RL's `nemo_rl.utils.config.load_config` and
-`parse_hydra_overrides` (struct mode), so `launch --dry-run` and the schema tests see the config the trainer
-would see:
+Where `nemo_rl` is importable (a NeMo RL launch, the NeMo RL environment of `scripts/nemo_rl_venv.sh`), this is
+NeMo RL's own code: `nemo_rl.utils.config.load_config` for the `defaults:` chain, `parse_hydra_overrides` (Hydra's
+override parser, struct mode) for the command-line overrides, `register_omegaconf_resolvers` for `${mul:...}` and
+friends. So `launch --dry-run`, the schema tests and the trainer see exactly the same config.
 
-- `defaults: parent.yaml` (or a list) is loaded depth-first relative to the child's directory and merged,
-  later files winning; a section with `_override_: true` replaces the inherited section instead of merging;
-- `key.path=value` changes an existing key (an unknown key is an error, as in Hydra's struct mode);
-  `+key.path=value` adds a new key (an error if it exists); `++key.path=value` adds or changes;
-  `~key.path` deletes. Values are parsed as YAML flow scalars/lists/dicts, `1e-6`-style floats included;
-  `${...}` interpolations are kept and resolved with the config.
-
-Does not: import Hydra or NeMo RL.
+Without `nemo_rl` (the project venv, where only `launch --dry-run` can run), a fallback with the same behaviour
+and no Hydra (hydra-core 1.3 needs omegaconf < 2.4; the project pins 2.4): `defaults:` loaded depth-first and
+merged, `_override_: true` replaces the inherited section, `key=value` changes an existing key (struct mode),
+`+key=value` adds, `++key=value` adds or changes, `~key` deletes; values parsed as YAML flow scalars.
+`OverrideError` is raised either way.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import re
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import yaml
@@ -34,8 +34,20 @@ class OverrideError(PolarError, ValueError):
     """A command-line override does not apply (unknown key without `+`, `+` on an existing key, bad syntax)."""
 
 
+def nemo_rl_config() -> ModuleType | None:
+    """NeMo RL's `nemo_rl.utils.config` where NeMo RL is installed, else None."""
+    try:
+        return importlib.import_module("nemo_rl.utils.config")
+    except ImportError:
+        return None
+
+
 def register_resolvers() -> None:
     """The arithmetic resolvers NeMo RL recipes use (`${mul:a,b}` …), registered once."""
+    nrl = nemo_rl_config()
+    if nrl is not None:
+        nrl.register_omegaconf_resolvers()
+        return
     for name, fn in (
         ("add", lambda a, b: a + b),
         ("mul", lambda a, b: a * b),
@@ -67,6 +79,11 @@ def _merge(base: DictConfig, child: DictConfig) -> DictConfig:
 def load_recipe(path: str | Path) -> DictConfig:
     """A recipe with its `defaults:` chain merged (unresolved; see `to_plain`)."""
     path = Path(path)
+    nrl = nemo_rl_config()
+    if nrl is not None:
+        loaded = nrl.load_config(path)
+        assert isinstance(loaded, DictConfig)
+        return loaded
     config = OmegaConf.load(path)
     if not isinstance(config, DictConfig):
         raise ValueError(f"{path}: a recipe must be a mapping")
@@ -97,7 +114,17 @@ _MISSING = object()
 
 
 def apply_overrides(config: DictConfig, overrides: list[str]) -> DictConfig:
-    """Apply Hydra-style overrides in order (struct mode). Raises `OverrideError` listing every bad one."""
+    """Apply Hydra overrides in order (struct mode); raises `OverrideError`.
+
+    With NeMo RL: its `parse_hydra_overrides` (Hydra's parser; stops at the first bad override). Without: the
+    fallback, which lists every bad override at once.
+    """
+    nrl = nemo_rl_config()
+    if nrl is not None:
+        try:
+            return nrl.parse_hydra_overrides(config, list(overrides))  # type: ignore[no-any-return]
+        except nrl.OverridesError as exc:
+            raise OverrideError(str(exc)) from exc
     errors: list[str] = []
     for item in overrides:
         deleting = item.startswith("~")

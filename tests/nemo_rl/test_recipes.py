@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -78,12 +79,40 @@ def test_paper_setup_is_what_the_paper_says() -> None:
     assert vllm["async_engine"] is True and vllm["expose_http_server"] is True
 
 
-def test_override_errors_are_reported_together() -> None:
-    config = load_recipe(ROOT / "recipes" / "grpo_polar_swe_qwen3_5_4b.yaml")
+def test_override_errors_nemo_rl_parser_and_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    from nemo_polar.credit.nemo_rl import recipe
+
+    path = ROOT / "recipes" / "grpo_polar_swe_qwen3_5_4b.yaml"
+    # NeMo RL's own parser (Hydra, struct mode): each bad override is refused with Hydra's message
+    for bad, message in (
+        ("grpo.no_such_key=1", "+grpo.no_such_key=1"),
+        ("+grpo.num_prompts_per_step=3", "num_prompts_per_step"),
+        ("garbage", "garbage"),
+    ):
+        with pytest.raises(OverrideError, match=re.escape(message)):
+            apply_overrides(load_recipe(path), [bad])
+    # the fallback for environments without NeMo RL reports every bad override at once
+    monkeypatch.setattr(recipe, "nemo_rl_config", lambda: None)
     with pytest.raises(OverrideError) as info:
-        apply_overrides(config, ["grpo.no_such_key=1", "+grpo.num_prompts_per_step=3", "~policy.nope", "garbage"])
+        apply_overrides(
+            load_recipe(path), ["grpo.no_such_key=1", "+grpo.num_prompts_per_step=3", "~policy.nope", "garbage"]
+        )
     text = str(info.value)
     assert "prefix with '+'" in text and "already exists" in text and "cannot delete" in text and "garbage" in text
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+def test_loading_is_nemo_rl_own_and_the_fallback_agrees(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from nemo_polar.credit.nemo_rl import recipe
+    from nemo_rl.utils.config import load_config, parse_hydra_overrides, register_omegaconf_resolvers
+    from omegaconf import OmegaConf
+
+    overrides = ["polar.harness=codex", "grpo.max_num_steps=3", "+grpo.adv_estimator.extra_key=1e-6"]
+    register_omegaconf_resolvers()
+    theirs = OmegaConf.to_container(parse_hydra_overrides(load_config(path), list(overrides)), resolve=True)
+    assert load_with_overrides(path, overrides) == theirs
+    monkeypatch.setattr(recipe, "nemo_rl_config", lambda: None)
+    assert load_with_overrides(path, overrides) == theirs
 
 
 def test_delete_override_and_defaults_override_marker(tmp_path: Path) -> None:
