@@ -1,18 +1,16 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A faithful reproduction of NeMo RL's batch layout and GRPO advantage, for tests (NeMo RL is not installable here).
+"""NeMo RL-layout batches for the estimator tests, built with NeMo RL's own functions where they run on CPU.
 
-Written from NVIDIA-NeMo/RL @ 7ea279abfbeb698b092856d0dab61e7cf39bc909 (read, not copied):
-- `nemo_rl/environments/nemo_gym.py`: a Gym rollout's output items become alternating `user` (the new prompt
-  tokens since the last item) and `assistant` (generation_token_ids + generation_logprobs) messages with
-  `content == ""`; each item's `prompt_token_ids` must start with everything seen so far;
-- `grpo.add_grpo_token_loss_masks_and_generation_logprobs`: `token_loss_mask` = ones for assistant messages
-  that carry `generation_logprobs`, zeros otherwise; zero `generation_logprobs` added where missing;
-- `llm_message_utils.batched_message_log_to_flat_message`: concatenate per row, pad right;
-- prompt ids for the advantage: the flattened initial prompt messages (`extract_initial_prompt_messages` with
-  the row's `length`), padded with the pad id;
+- the message log of a Gym rollout (`gym_row`) is written out here: NeMo RL builds it inside its `NemoGym` Ray
+  actor (`_postprocess_nemo_gym_to_nemo_rl_result`), which needs a running Gym; the rule is the same: alternating
+  `user` (new prompt tokens since the last item) and `assistant` (generation_token_ids + generation_logprobs)
+  messages, each item's prompt starting with everything seen so far;
+- loss masks, prompt extraction and flattening are NeMo RL's: `add_grpo_token_loss_masks_and_generation_logprobs`,
+  `extract_initial_prompt_messages`, `batched_message_log_to_flat_message`;
 - `mask = token_mask * sample_mask[:, None]`, `sample_mask = loss_multiplier` zeroed where `mask_sample`;
-- `GRPOAdvantageEstimator` + `calculate_baseline_and_std_per_prompt`: written out literally, loop by loop, as an
-  independent reference for the package's vectorised version.
+- `reference_grpo`: GRPO's advantage written out loop by loop, an independent reference for the package's
+  vectorised version (the tests also compare with NeMo RL's own `GRPOAdvantageEstimator`).
+Runs in the NeMo RL environment (tests/nemo_rl/conftest.py).
 """
 
 from __future__ import annotations
@@ -45,23 +43,20 @@ def gym_row(items: list[tuple[list[int], list[int]]]) -> list[dict[str, Any]]:
 
 
 def add_loss_masks(message_logs: list[list[dict[str, Any]]]) -> None:
-    """NeMo RL's in-place `add_grpo_token_loss_masks_and_generation_logprobs`."""
-    for log in message_logs:
-        for m in log:
-            generated = m["role"] == "assistant" and "generation_logprobs" in m
-            m["token_loss_mask"] = torch.ones_like(m["token_ids"]) if generated else torch.zeros_like(m["token_ids"])
-            if "generation_logprobs" not in m:
-                m["generation_logprobs"] = torch.zeros_like(m["token_ids"], dtype=torch.float32)
+    """NeMo RL's own `add_grpo_token_loss_masks_and_generation_logprobs` (in place)."""
+    from nemo_rl.algorithms.grpo import add_grpo_token_loss_masks_and_generation_logprobs
+
+    add_grpo_token_loss_masks_and_generation_logprobs(message_logs)
 
 
 def flatten(message_logs: list[list[dict[str, Any]]], key: str, pad: float, divisible_by: int = 1) -> torch.Tensor:
-    rows = [torch.cat([m[key] for m in log]) if log else torch.zeros(0) for log in message_logs]
-    width = max(r.numel() for r in rows)
-    width = -(-width // divisible_by) * divisible_by
-    out = torch.full((len(rows), width), pad, dtype=rows[0].dtype)
-    for i, r in enumerate(rows):
-        out[i, : r.numel()] = r
-    return out
+    """One padded [B, T] tensor of `key`, by NeMo RL's own `batched_message_log_to_flat_message`."""
+    from nemo_rl.data.llm_message_utils import batched_message_log_to_flat_message
+
+    flat, _ = batched_message_log_to_flat_message(
+        message_logs, pad_value_dict={key: pad}, make_sequence_length_divisible_by=divisible_by
+    )
+    return flat[key]
 
 
 def build_batch(
@@ -84,8 +79,9 @@ def build_batch(
         repeated_batch["mask_sample"] = torch.tensor(mask_sample)
         repeated_batch["loss_multiplier"] = repeated_batch["loss_multiplier"].clone()
         repeated_batch["loss_multiplier"][repeated_batch["mask_sample"]] = 0
-    initial = [[m for m, _ in zip(log, range(1), strict=False)] for log in message_log]  # first message = prompt
-    prompt_ids = flatten(initial, "token_ids", PAD_ID)
+    from nemo_rl.algorithms.grpo import extract_initial_prompt_messages
+
+    prompt_ids = flatten(extract_initial_prompt_messages(message_log, length), "token_ids", PAD_ID)
     add_loss_masks(message_log)
     token_mask = flatten(message_log, "token_loss_mask", 0, divisible_by)
     input_ids = flatten(message_log, "token_ids", PAD_ID, divisible_by)

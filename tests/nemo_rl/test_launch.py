@@ -1,10 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`launch --dry-run` on every recipe against the STAND-IN NeMo RL modules, the plain-GRPO guard, `install()`,
-the refit hooks against a fake Polar gateway on loopback, and the `polar_calls` patch.
+"""`launch --dry-run` on every recipe against the real NeMo RL (`nemo_rl.algorithms.grpo`,
+`nemo_rl.experience.rollouts`), the plain-GRPO guard, `install()`, the refit hooks around NeMo RL's real
+`refit_policy_generation` against a fake Polar gateway and the real proxy on loopback, and the `polar_calls` patch
+on NeMo RL's real group post-processing.
 
-NeMo RL is not installable here, so `--grpo-module tests.nemo_rl.standin_grpo` (a test double shaped like the
-pinned `nemo_rl.algorithms.grpo`) replaces it; `test_nemo_rl_optional.py` runs the same against the real one
-where `nemo_rl` is importable.
+The one stand-in is the entry script (`standin_run_grpo_nemo_gym.py`): NeMo RL's `run_grpo_nemo_gym.py` cannot run
+on a CPU-only machine (its setup hard-codes GPUs).
 """
 
 from __future__ import annotations
@@ -28,15 +29,17 @@ from nemo_polar.credit.nemo_rl import CallCreditAdvantageEstimator, install, uni
 from nemo_polar.credit.nemo_rl.factory import PluginNotLoadedError, allows_name_call_credit
 from nemo_polar.credit.nemo_rl.launch import EXTRA_ROOTS_ENV, run
 from nemo_polar.credit.nemo_rl.patches import install_polar_calls_patch
+from nemo_rl.algorithms import grpo
+from nemo_rl.experience import rollouts
 
-from . import standin_grpo, standin_rollouts
 from .nemo_rl_repro import build_batch
+from .standin_run_grpo_nemo_gym import REFITS, FakeGeneration
 
 ROOT = Path(__file__).resolve().parents[2]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
-STANDIN = ["--grpo-module", "tests.nemo_rl.standin_grpo", "--rollouts-module", "tests.nemo_rl.standin_rollouts"]
+STANDIN: list[str] = []  # the default modules: NeMo RL's own
 OUR_CLASS = "nemo_polar.credit.nemo_rl.CallCreditAdvantageEstimator"
-PLAIN_CLASS = "tests.nemo_rl.standin_grpo.GRPOAdvantageEstimator"
+PLAIN_CLASS = "nemo_rl.algorithms.advantage_estimator.GRPOAdvantageEstimator"
 POLAR_SWE_CONFIG = "resources_servers/polar_swe/configs/polar_swe.yaml"
 
 
@@ -63,13 +66,14 @@ def data_file(tmp_path: Path) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _restore_standins() -> Iterator[None]:
-    factory, refit = standin_grpo._create_advantage_estimator, standin_grpo.refit_policy_generation
-    post = standin_rollouts._postprocess_single_nemo_gym_group
+def _restore_nemo_rl() -> Iterator[None]:
+    """Put NeMo RL's module globals back after each test (install/wrap_refit/patch replace them)."""
+    factory, refit = grpo._create_advantage_estimator, grpo.refit_policy_generation
+    post = rollouts._postprocess_single_nemo_gym_group
     yield
-    standin_grpo._create_advantage_estimator, standin_grpo.refit_policy_generation = factory, refit
-    standin_rollouts._postprocess_single_nemo_gym_group = post
-    standin_grpo.REFITS.clear()
+    grpo._create_advantage_estimator, grpo.refit_policy_generation = factory, refit
+    rollouts._postprocess_single_nemo_gym_group = post
+    REFITS.clear()
 
 
 def _dry_run(recipe: Path, *extra: str) -> list[str]:
@@ -137,7 +141,7 @@ def test_guard_plugin_not_loaded_means_plain_grpo_and_refuses(
 
 
 def test_name_call_credit_where_allowed(gym_root: Path, data_file: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert allows_name_call_credit(standin_grpo)  # `name: str` at the pinned commit
+    assert allows_name_call_credit(grpo)  # `name: str` at the pinned commit
     recipe = ROOT / "recipes" / "grpo_polar_swe_qwen3_5_4b.yaml"
     rc = run(_dry_run(recipe, "grpo.adv_estimator.name=call_credit", f"data.train.data_path={data_file}"))
     assert rc == 0 and f"advantage estimator class: {OUR_CLASS}" in capsys.readouterr().out
@@ -160,34 +164,31 @@ def test_dry_run_fails_loudly_on_missing_files(
 
 
 def test_install_wraps_once_logs_and_guards(capsys: pytest.CaptureFixture[str]) -> None:
-    original = standin_grpo._create_advantage_estimator
-    wrapper = install(standin_grpo)
-    assert install(standin_grpo) is wrapper and standin_grpo._create_advantage_estimator is wrapper
-    master = standin_grpo.MasterConfig(
-        policy={"tokenizer": {"name": "Qwen/Qwen3.5-4B"}},
-        loss_fn={},
-        env={},
-        data={},
-        grpo={"adv_estimator": {"name": "grpo", "_target_": OUR_CLASS, "call_credit": {"alpha": 0.7}}},
-        logger={},
-        cluster={},
-        checkpointing={},
-    )
-    est = standin_grpo._create_advantage_estimator(master)
+    from nemo_polar.credit.nemo_rl.recipe import load_with_overrides
+    from nemo_rl.algorithms.advantage_estimator import AdvEstimatorConfig, GRPOAdvantageEstimator
+
+    original = grpo._create_advantage_estimator
+    wrapper = install(grpo)
+    assert install(grpo) is wrapper and grpo._create_advantage_estimator is wrapper
+    config = load_with_overrides(ROOT / "recipes" / "grpo_polar_swe_qwen3_5_4b_call_credit.yaml")
+    config["policy"]["tokenizer"]["name"] = "Qwen/Qwen3.5-4B"
+    config["grpo"]["adv_estimator"] = {"name": "grpo", "_target_": OUR_CLASS, "call_credit": {"alpha": 0.7}}
+    master = grpo.MasterConfig(**config)
+    est = grpo._create_advantage_estimator(master)
     assert isinstance(est, CallCreditAdvantageEstimator) and est.alpha == 0.7
     assert est.options.call_credit.tokenizer == "Qwen/Qwen3.5-4B"  # filled from policy.tokenizer.name
     assert f"advantage estimator class: {OUR_CLASS}" in capsys.readouterr().out
     # a _target_ naming another class is built and checked the same way
-    master.grpo.adv_estimator = standin_grpo.AdvEstimatorConfig(name="grpo", _target_=f"{PLAIN_CLASS}")
-    assert isinstance(standin_grpo._create_advantage_estimator(master), standin_grpo.GRPOAdvantageEstimator)
-    uninstall(standin_grpo)
-    assert standin_grpo._create_advantage_estimator is original
-    # without the wrapper, the pinned factory builds plain GRPO for a CALL-CREDIT config: the guard catches it
+    master.grpo.adv_estimator = AdvEstimatorConfig.model_validate({"name": "grpo", "_target_": PLAIN_CLASS})
+    assert isinstance(grpo._create_advantage_estimator(master), GRPOAdvantageEstimator)
+    uninstall(grpo)
+    assert grpo._create_advantage_estimator is original
+    # without the wrapper, NeMo RL's factory builds plain GRPO for a CALL-CREDIT config: the guard catches it
     from nemo_polar.credit.nemo_rl.factory import check_chosen
 
-    master.grpo.adv_estimator = standin_grpo.AdvEstimatorConfig(name="grpo", _target_=OUR_CLASS)
+    master.grpo.adv_estimator = AdvEstimatorConfig.model_validate({"name": "grpo", "_target_": OUR_CLASS})
     with pytest.raises(PluginNotLoadedError):
-        check_chosen(standin_grpo._create_advantage_estimator(master), master.grpo.adv_estimator)
+        check_chosen(grpo._create_advantage_estimator(master), master.grpo.adv_estimator)
 
 
 class _FakePolarGateway(BaseHTTPRequestHandler):
@@ -248,7 +249,7 @@ def test_launch_runs_entry_script_with_refit_hooks_and_patch(
     assert rc == 0
     assert "refit: pause/policy_version/resume on 1 Polar gateway(s)" in out and "polar_calls patch: on" in out
     assert "standin step 1: CallCreditAdvantageEstimator advantage sum" in out
-    assert len(standin_grpo.REFITS) == 2
+    assert len(REFITS) == 2  # NeMo RL's refit_policy_generation reached the generation's weight synchronizer
     assert _FakePolarGateway.calls == [
         ("/admin/pause", {"timeout_s": 5}),
         ("/admin/policy_version", {"policy_version": 1}),
@@ -311,10 +312,10 @@ def test_refit_hooks_drive_the_real_polar_proxy(polar_proxy: str) -> None:
         seen.append((status["paused"], status["policy_version"]))
         return {}
 
-    standin_grpo.refit_policy_generation = refit  # type: ignore[assignment]
-    wrap_refit(standin_grpo, GatewayAdmin([polar_proxy], timeout_s=5))
-    standin_grpo.refit_policy_generation(None, None, False)
-    standin_grpo.refit_policy_generation(None, None, False)
+    generation = FakeGeneration(on_sync=refit)
+    wrap_refit(grpo, GatewayAdmin([polar_proxy], timeout_s=5))
+    grpo.refit_policy_generation(None, generation, False)  # NeMo RL's real refit, wrapped
+    grpo.refit_policy_generation(None, generation, False)
     assert seen == [(True, None), (True, 1)]
     final = _status(polar_proxy)
     assert (final["paused"], final["policy_version"]) == (False, 2)
@@ -329,17 +330,21 @@ def test_refit_failure_resumes_and_unreachable_gateway_raises(fake_gateway: str)
     def broken_refit(*args: object, **kwargs: object) -> None:
         raise RuntimeError("refit failed")
 
-    standin_grpo.refit_policy_generation = broken_refit  # type: ignore[assignment]
-    wrap_refit(standin_grpo, GatewayAdmin([fake_gateway], timeout_s=5))
+    wrap_refit(grpo, GatewayAdmin([fake_gateway], timeout_s=5))
     with pytest.raises(RuntimeError, match="refit failed"):
-        standin_grpo.refit_policy_generation(None, None, False)
+        grpo.refit_policy_generation(None, FakeGeneration(on_sync=broken_refit), False)
     assert [p for p, _ in _FakePolarGateway.calls] == ["/admin/pause", "/admin/resume"]
     with pytest.raises(GatewayAdminError, match="/admin/pause"):
         GatewayAdmin(["http://127.0.0.1:9"], timeout_s=1, attempts=2).pause()
 
 
 def test_polar_calls_patch_carries_annotations_into_the_batch() -> None:
-    install_polar_calls_patch(standin_rollouts)
+    """The patch on NeMo RL's real `_postprocess_single_nemo_gym_group`, called as its rollout loop calls it."""
+    from types import SimpleNamespace
+
+    from nemo_rl.utils.timer import Timer
+
+    install_polar_calls_patch(rollouts)
     rows = [[([1, 2], [3, 4]), ([1, 2, 3, 4, 5], [6])], [([1, 2], [7])]]
     batch = build_batch(rows, [1.0, 0.0])
     calls = [
@@ -347,11 +352,25 @@ def test_polar_calls_patch_carries_annotations_into_the_batch() -> None:
         [{"call_index": 0, "role": "OTHER", "parents": []}],
     ]
     results = [
-        {"message_log": log, "full_result": {"reward": r, "polar_calls": c}}
+        {
+            "message_log": log,
+            "input_message_log": log[:1],
+            "full_result": {"reward": r, "polar_calls": c, "instance_config": {"mask_sample": False}},
+        }
         for log, r, c in zip(batch["repeated_batch"]["message_log"], [1.0, 0.0], calls, strict=True)
     ]
-    group = standin_rollouts.run_group([{}, {}], results)
+    group = rollouts._postprocess_single_nemo_gym_group(
+        [{"agent_ref": {"name": "polar_agent"}}] * 2,
+        results,
+        Timer(),
+        "test",
+        SimpleNamespace(cfg={"max_total_sequence_length": 4096}),  # what it reads of the generation interface
+        {"loss_multiplier": torch.ones(2)},
+        SimpleNamespace(pad_token_id=0),  # what it reads of the tokenizer
+        False,
+    )
     assert group.final_batch["polar_calls"] == calls
+    assert group.final_batch["mask_sample"].tolist() == [False, False]
     est = CallCreditAdvantageEstimator({"call_credit": {"alpha": 0.0}}, None)
     adv = est.compute_advantage(batch["prompt_ids"], batch["rewards"], batch["mask"], repeated_batch=group.final_batch)
     assert [a.role for a in est.last_annotations[0]] == ["IG", "AE"]
