@@ -10,7 +10,8 @@ commit). `install()` replaces that global with a wrapper that
   where NeMo RL's `name` is a plain `str`, as at the pinned commit);
 - hands everything else to the original factory;
 - fills `call_credit.tokenizer` from `policy.tokenizer.name` when unset (the decode route's default);
-- logs and prints the class actually chosen and raises `PluginNotLoadedError` if it is not the one asked for.
+- logs and prints the class actually chosen and raises `PluginNotLoadedError` if it is not the one asked for;
+- makes the synchronous trainers log the estimator's `last_metrics` (`sync_metrics.py`; async GRPO does it itself).
 
 Does: patch one module attribute (idempotent, reversible with `uninstall()`). Does not: import `nemo_rl` at
 module level; the target module is imported when `install()` runs (or passed in, e.g. a stand-in in tests).
@@ -29,6 +30,7 @@ from typing import Any
 from nemo_polar.errors import PolarError
 from nemo_polar.loading import load_object
 
+from . import sync_metrics
 from .options import ESTIMATOR_NAME, ESTIMATOR_TARGET, as_plain, get_key
 from .pinned import FACTORY_NAME, GRPO_MODULE
 
@@ -140,12 +142,14 @@ def install(grpo_module: ModuleType | str | None = None) -> Callable[[Any], Any]
         print(message, flush=True)
         log.info(message.strip())
         create_advantage_estimator.last_chosen = chosen  # type: ignore[attr-defined]
+        sync_metrics.track(estimator)  # its last_metrics reach the synchronous trainers' logged metrics
         return estimator
 
     setattr(create_advantage_estimator, _WRAPPED_FLAG, True)
     create_advantage_estimator.__wrapped__ = original  # type: ignore[attr-defined]
     create_advantage_estimator.last_chosen = None  # type: ignore[attr-defined]
     setattr(module, FACTORY_NAME, create_advantage_estimator)
+    sync_metrics.install_sync_metrics(module)
     log.info("CALL-CREDIT: wrapped %s.%s", module.__name__, FACTORY_NAME)
     return create_advantage_estimator
 
@@ -156,3 +160,4 @@ def uninstall(grpo_module: ModuleType | str | None = None) -> None:
     current = getattr(module, FACTORY_NAME)
     if getattr(current, _WRAPPED_FLAG, False):
         setattr(module, FACTORY_NAME, current.__wrapped__)
+    sync_metrics.uninstall_sync_metrics(module)

@@ -38,5 +38,8 @@ REFIT_NAME = "refit_policy_generation"
 ROLLOUTS_MODULE = "nemo_rl.experience.rollouts"
 GYM_GROUP_POSTPROCESS_NAME = "_postprocess_single_nemo_gym_group"
 ENTRY_SCRIPT = "examples/nemo_gym/run_grpo_nemo_gym.py"
+# the synchronous trainers' advantage logging (`metrics` it fills is logged with the step); see sync_metrics.py
+GRPO_SYNC_MODULE = "nemo_rl.algorithms.grpo_sync"
+SYNC_METRICS_LOG_NAME = "_log_mixed_rewards_and_advantages_information"
 # names the pinned factory accepts for grpo.adv_estimator.name
 BUILTIN_ESTIMATOR_NAMES = ("gdpo", "grpo", "opd", "reinforce_plus_plus")

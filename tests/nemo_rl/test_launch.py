@@ -68,11 +68,14 @@ def data_file(tmp_path: Path) -> Path:
 @pytest.fixture(autouse=True)
 def _restore_nemo_rl() -> Iterator[None]:
     """Put NeMo RL's module globals back after each test (install/wrap_refit/patch replace them)."""
+    from nemo_polar.credit.nemo_rl.sync_metrics import uninstall_sync_metrics
+
     factory, refit = grpo._create_advantage_estimator, grpo.refit_policy_generation
     post = rollouts._postprocess_single_nemo_gym_group
     yield
     grpo._create_advantage_estimator, grpo.refit_policy_generation = factory, refit
     rollouts._postprocess_single_nemo_gym_group = post
+    uninstall_sync_metrics(grpo)
     REFITS.clear()
 
 

@@ -51,3 +51,44 @@ def test_install_into_real_factory_and_alpha_one_matches_nemo_rl_grpo() -> None:
         batch["prompt_ids"], batch["rewards"], batch["mask"]
     )
     torch.testing.assert_close(ours, torch.where(batch["mask"] != 0, theirs, torch.zeros(())), rtol=0, atol=1e-6)
+
+
+def test_call_credit_metrics_reach_the_synchronous_trainers_logged_metrics(tmp_path: Path) -> None:
+    """Sync GRPO (`grpo_train`, `grpo_sync`) logs the `metrics` dict its advantage logging fills; async GRPO merges
+    `last_metrics` by itself. After `install()`, both synchronous modules' logging carries the CALL-CREDIT metrics."""
+    from nemo_rl.algorithms import grpo, grpo_sync
+    from nemo_rl.utils.logger import Logger
+
+    logger = Logger(
+        {
+            "log_dir": str(tmp_path),
+            "wandb_enabled": False,
+            "swanlab_enabled": False,
+            "tensorboard_enabled": False,
+            "mlflow_enabled": False,
+            "wandb": {},
+            "monitor_gpus": False,
+            "gpu_monitoring": {},
+        }
+    )
+    config = load_with_overrides(ROOT / "recipes" / "grpo_polar_swe_qwen3_5_4b_call_credit.yaml")
+    install(grpo)
+    try:
+        estimator = grpo._create_advantage_estimator(grpo.MasterConfig(**config))
+        rows = [[([1, 2], [3, 4])], [([1, 2], [5])], [([9], [3])], [([9], [4])]]
+        batch = build_batch(rows, [1.0, 0.0, 1.0, 0.0])
+        batch["repeated_batch"]["polar_calls"] = [[{"role": "AE", "parents": []}]] * 4
+        adv = estimator.compute_advantage(
+            batch["prompt_ids"], batch["rewards"], batch["mask"], repeated_batch=batch["repeated_batch"]
+        )
+        for module in (grpo, grpo_sync):
+            metrics: dict = {}
+            module._log_mixed_rewards_and_advantages_information(logger, 0, metrics, torch.full((4,), 0.5), adv)
+            assert "advantages/mean" in metrics  # NeMo RL's own logging still ran
+            assert metrics["call_credit/alpha"] == estimator.alpha
+            assert metrics["call_credit/rows_annotated_from_polar_calls"] == 1.0
+            assert metrics["call_credit/role_share/AE"] == 1.0
+    finally:
+        uninstall(grpo)
+    for module in (grpo, grpo_sync):
+        assert not getattr(module._log_mixed_rewards_and_advantages_information, "__call_credit_metrics_wrapped__", 0)
