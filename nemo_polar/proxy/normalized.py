@@ -94,15 +94,20 @@ class ChatRequest:
     reasoning: bool | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def normalized_dict(self) -> dict[str, Any]:
-        """The `request` field of a CompletionRecord (what was normalised; sampling is replaced by the engine)."""
-        out: dict[str, Any] = {"model": self.model, "messages": self.messages}
+    def chat_fields(self, model: str) -> dict[str, Any]:
+        """`model`, `messages` and, when set, `tools`, `tool_choice`, `response_format`: an OpenAI-Chat body's core."""
+        out: dict[str, Any] = {"model": model, "messages": self.messages}
         if self.tools:
             out["tools"] = self.tools
         if self.tool_choice is not None:
             out["tool_choice"] = self.tool_choice
         if self.response_format is not None:
             out["response_format"] = self.response_format
+        return out
+
+    def normalized_dict(self) -> dict[str, Any]:
+        """The `request` field of a CompletionRecord (what was normalised; sampling is replaced by the engine)."""
+        out = self.chat_fields(self.model)
         out["sampling"] = self.sampling.to_dict()
         return out
 

@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import orjson
 
-from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, StreamEvent
+from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, StreamEvent, ToolCall
 from nemo_polar.proxy.upstream_http import (
     HTTPClient,
     Target,
@@ -192,6 +192,20 @@ class Engine(Protocol):
         ...
 
 
+class OpenAIServerEngine:
+    """What vLLM's and SGLang's engines share: their upstreams, a total time limit per generation, `/v1/models`."""
+
+    name = "openai-server"
+
+    def __init__(self, upstreams: Upstreams, *, total_timeout_s: float = 900.0):
+        self.upstreams = upstreams
+        self.total_timeout_s = total_timeout_s
+
+    async def list_models(self) -> list[str]:
+        data = await self.upstreams.get_json("/v1/models")
+        return [m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
+
+
 class Upstreams:
     """A ring of upstream base URLs with session-sticky (or round-robin) order and connect-failure failover.
 
@@ -346,6 +360,32 @@ class Upstreams:
             except orjson.JSONDecodeError as exc:
                 raise UpstreamError(502, "api_error", "upstream sent invalid JSON", endpoint=base) from exc
         raise UpstreamError(503, "overloaded", f"no upstream endpoint reachable ({last})", retry_after_s=2)
+
+
+def message_fields(msg: dict[str, Any]) -> dict[str, Any]:
+    """`content`, `reasoning` and `tool_calls` of an OpenAI-Chat answer's `message` (vLLM and SGLang alike; vLLM
+    renamed `reasoning_content` to `reasoning`)."""
+    return {
+        "content": msg.get("content") or "",
+        "reasoning": msg.get("reasoning_content") or msg.get("reasoning") or None,
+        "tool_calls": [
+            ToolCall(
+                id=tc.get("id") or f"call_{i}",
+                name=tc["function"]["name"],
+                arguments=tc["function"].get("arguments") or "",
+            )
+            for i, tc in enumerate(msg.get("tool_calls") or [])
+        ],
+    }
+
+
+def with_usage(result: ChatResult, usage: dict[str, Any], gen: Generation) -> ChatResult:
+    """The answer's usage on the result (and `gen`), checked against its token data."""
+    gen.usage = usage
+    result.prompt_tokens = usage.get("prompt_tokens", len(result.prompt_token_ids))
+    result.completion_tokens = usage.get("completion_tokens", len(result.generation_token_ids))
+    check_alignment(result, usage, gen.endpoint)
+    return result
 
 
 def check_alignment(result: ChatResult, usage: dict[str, Any], endpoint: str | None) -> None:

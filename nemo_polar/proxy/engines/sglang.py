@@ -16,28 +16,24 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Any
 
-from nemo_polar.proxy.engines.base import EngineCall, Generation, UpstreamError, Upstreams, check_alignment
-from nemo_polar.proxy.normalized import ChatResult, ProviderError, StreamEvent, ToolCall
+from nemo_polar.proxy.engines.base import (
+    EngineCall,
+    Generation,
+    OpenAIServerEngine,
+    UpstreamError,
+    message_fields,
+    with_usage,
+)
+from nemo_polar.proxy.normalized import ChatResult, ProviderError, StreamEvent
 
 __all__ = ["SGLangEngine"]
 
 
-class SGLangEngine:
+class SGLangEngine(OpenAIServerEngine):
     name = "sglang"
 
-    def __init__(self, upstreams: Upstreams, *, total_timeout_s: float = 900.0):
-        self.upstreams = upstreams
-        self.total_timeout_s = total_timeout_s
-
     def build_body(self, call: EngineCall) -> dict[str, Any]:
-        req = call.request
-        body: dict[str, Any] = {"model": call.served_model, "messages": req.messages}
-        if req.tools:
-            body["tools"] = req.tools
-        if req.tool_choice is not None:
-            body["tool_choice"] = req.tool_choice
-        if req.response_format is not None:
-            body["response_format"] = req.response_format
+        body = call.request.chat_fields(call.served_model)
         body.update(call.sampling)
         body.update({"logprobs": True, "return_prompt_token_ids": True, "return_meta_info": True, "stream": False})
         body.update(call.extra)
@@ -69,16 +65,7 @@ class SGLangEngine:
             if choice.get("finish_reason") == "abort":
                 raise UpstreamError(502, "api_error", "SGLang aborted the generation", endpoint=gen.endpoint)
             result = ChatResult(
-                content=msg.get("content") or "",
-                reasoning=msg.get("reasoning_content") or None,
-                tool_calls=[
-                    ToolCall(
-                        id=tc.get("id") or f"call_{i}",
-                        name=tc["function"]["name"],
-                        arguments=tc["function"].get("arguments") or "",
-                    )
-                    for i, tc in enumerate(msg.get("tool_calls") or [])
-                ],
+                **message_fields(msg),
                 finish_reason=choice.get("finish_reason") or "stop",
                 prompt_token_ids=choice.get("prompt_token_ids") or data.get("prompt_token_ids") or [],
                 generation_token_ids=ids,
@@ -90,12 +77,7 @@ class SGLangEngine:
             raise UpstreamError(
                 502, "api_error", f"unexpected SGLang reply shape: {exc!r}", endpoint=gen.endpoint
             ) from exc
-        usage = data.get("usage") or {}
-        gen.usage = usage
-        result.prompt_tokens = usage.get("prompt_tokens", len(result.prompt_token_ids))
-        result.completion_tokens = usage.get("completion_tokens", len(result.generation_token_ids))
-        check_alignment(result, usage, gen.endpoint)
-        return result
+        return with_usage(result, data.get("usage") or {}, gen)
 
     async def stream_batches(self, call: EngineCall, gen: Generation) -> AsyncIterator[list[StreamEvent]]:
         """One non-streaming upstream call (SGLang streams no token ids), its answer as one batch of events."""
@@ -127,7 +109,3 @@ class SGLangEngine:
         self, prompt_ids: list[int], continuation: list[int], served_model: str, route_key: str
     ) -> list[float]:
         raise UpstreamError(501, "api_error", "re-scoring forced tokens is not implemented for SGLang")
-
-    async def list_models(self) -> list[str]:
-        data = await self.upstreams.get_json("/v1/models")
-        return [m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m]

@@ -22,10 +22,12 @@ import orjson
 from nemo_polar.proxy.engines.base import (
     EngineCall,
     Generation,
+    OpenAIServerEngine,
     UpstreamError,
-    Upstreams,
     check_alignment,
     check_token_data,
+    message_fields,
+    with_usage,
 )
 from nemo_polar.proxy.normalized import ChatResult, StreamEvent, ToolCall
 from nemo_polar.proxy.upstream_http import UpstreamDisconnected, UpstreamTimeout
@@ -33,26 +35,15 @@ from nemo_polar.proxy.upstream_http import UpstreamDisconnected, UpstreamTimeout
 __all__ = ["VLLMEngine"]
 
 
-class VLLMEngine:
+class VLLMEngine(OpenAIServerEngine):
     """Talks to one or more vLLM OpenAI servers (stock vLLM or NeMo RL's exposed server)."""
 
     name = "vllm"
 
-    def __init__(self, upstreams: Upstreams, *, total_timeout_s: float = 900.0):
-        self.upstreams = upstreams
-        self.total_timeout_s = total_timeout_s
-
     # -- request --------------------------------------------------------------------------------------------------
 
     def build_body(self, call: EngineCall, *, stream: bool) -> dict[str, Any]:
-        req = call.request
-        body: dict[str, Any] = {"model": call.served_model, "messages": req.messages}
-        if req.tools:
-            body["tools"] = req.tools
-        if req.tool_choice is not None:
-            body["tool_choice"] = req.tool_choice
-        if req.response_format is not None:
-            body["response_format"] = req.response_format
+        body = call.request.chat_fields(call.served_model)
         body.update(call.sampling)
         body["return_token_ids"] = True
         body["logprobs"] = True
@@ -84,16 +75,7 @@ class VLLMEngine:
             msg = choice.get("message") or {}
             lp = choice.get("logprobs") or {}
             result = ChatResult(
-                content=msg.get("content") or "",
-                reasoning=msg.get("reasoning_content") or msg.get("reasoning") or None,
-                tool_calls=[
-                    ToolCall(
-                        id=tc.get("id") or f"call_{i}",
-                        name=tc["function"]["name"],
-                        arguments=tc["function"].get("arguments") or "",
-                    )
-                    for i, tc in enumerate(msg.get("tool_calls") or [])
-                ],
+                **message_fields(msg),
                 finish_reason=choice.get("finish_reason") or "stop",
                 prompt_token_ids=data.get("prompt_token_ids") or choice.get("prompt_token_ids") or [],
                 generation_token_ids=choice.get("token_ids") or [],
@@ -105,12 +87,7 @@ class VLLMEngine:
             raise UpstreamError(
                 502, "api_error", f"unexpected upstream reply shape: {exc!r}", endpoint=gen.endpoint
             ) from exc
-        usage = data.get("usage") or {}
-        gen.usage = usage
-        result.prompt_tokens = usage.get("prompt_tokens", len(result.prompt_token_ids))
-        result.completion_tokens = usage.get("completion_tokens", len(result.generation_token_ids))
-        check_alignment(result, usage, gen.endpoint)
-        return result
+        return with_usage(result, data.get("usage") or {}, gen)
 
     # -- streaming --------------------------------------------------------------------------------------------------
 
@@ -270,10 +247,6 @@ class VLLMEngine:
             raise UpstreamError(502, "api_error", f"re-scoring with prompt_logprobs failed: {exc!r}") from exc
         check_token_data(prompt_ids, continuation, scores, None)
         return scores
-
-    async def list_models(self) -> list[str]:
-        data = await self.upstreams.get_json("/v1/models")
-        return [m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m]
 
 
 class _StreamAccumulator:
