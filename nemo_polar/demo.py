@@ -87,6 +87,21 @@ def _prepare(harnesses: list[str], need_backend: bool) -> str | None:
     return None
 
 
+def _collect_args(**values: Any) -> argparse.Namespace:
+    """`polar collect`'s arguments as its own parser gives them (every flag at its default), then `values`: a new
+    collect flag needs no change here."""
+    from nemo_polar.collect.cli import register as register_collect
+
+    parser = argparse.ArgumentParser(prog="polar")
+    register_collect(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(["collect", str(values["tasks"]), "--out", str(values["out"])])
+    for key, value in values.items():
+        if not hasattr(args, key):
+            raise AttributeError(f"polar collect has no option {key!r}")
+        setattr(args, key, value)
+    return args
+
+
 def _demo(args: argparse.Namespace) -> int:
     from nemo_polar.collect.cli import run_collect
     from nemo_polar.collect.export import export_sft
@@ -111,7 +126,7 @@ def _demo(args: argparse.Namespace) -> int:
         example_tasks(names, plans=("fix_plan", "live"), sampling=DEMO_SAMPLING, agent_timeout_s=DEMO_AGENT_TIMEOUT_S),
         spec_file,
     )
-    collect_args = argparse.Namespace(
+    collect_args = _collect_args(
         tasks=str(spec_file),
         harness=",".join(harnesses),
         samples=2,

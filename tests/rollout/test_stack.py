@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from nemo_polar.cli import build_parser
 from nemo_polar.rollout.client import PolarClient
 from nemo_polar.rollout.stack import OPTION_GROUPS, StackConfig, config_from_args, flag_of, start_stack
+from nemo_polar.rundir import read_results
 
 from .helpers import example_task
 
@@ -378,3 +379,22 @@ def test_the_gym_stack_starts_lazily_with_the_seed_upstream_and_stops(tmp_path: 
         assert not _port_open(st["gateway_url"]) and not _port_open(st["rollout_url"])
 
     asyncio.run(go())
+
+
+def test_polar_demo_hands_collect_every_flag_and_collect_runs_on_the_stack(tmp_path: Path) -> None:
+    """`polar demo` builds `polar collect`'s arguments from collect's own parser (a new collect flag cannot be
+    missing there); a collect of simulation tasks then runs end to end on the stack (no model needed)."""
+    from nemo_polar.collect.cli import run_collect
+    from nemo_polar.demo import _collect_args
+    from nemo_polar.rollout.spec import dump_jsonl
+
+    tasks = tmp_path / "tasks.jsonl"
+    dump_jsonl([example_task("median", plans=("fix_plan", "noop_plan"))], tasks)
+    out = tmp_path / "run"
+    args = _collect_args(tasks=str(tasks), out=out, no_live=True, no_credit=True, sampling='{"temperature": 0.5}')
+    assert run_collect(args) == 0
+    lines = read_results(out)
+    assert sorted(r.reward for r in lines) == [0.0, 1.0]
+    assert (out / "rollout.sqlite").exists() and (out / "summary.json").exists()
+    with pytest.raises(AttributeError, match="no option"):
+        _collect_args(tasks=str(tasks), out=out, no_such_flag=1)
