@@ -221,7 +221,14 @@ def _recipe_args(spec: ModelSpec, out: Path, log: Log) -> list[str]:
     if spec.name == "smollm2":
         assert spec.chat_template_path is not None
         gguf = _smollm2_gguf(log)
-        return ["--gguf", str(gguf), "--chat-template", str(spec.chat_template_path)]
+        return [
+            "--gguf",
+            str(gguf),
+            "--chat-template",
+            str(spec.chat_template_path),
+            "--max-positions",
+            str(config.MAX_MODEL_LEN),
+        ]
     if spec.name == "tiny-qwen3":
         return ["--tokenizer-dir", str(_qwen3_tokenizer(log)), "--max-positions", str(config.MAX_MODEL_LEN)]
     raise PrepareError(f"no recipe inputs for {spec.name}")
