@@ -18,6 +18,7 @@ _SUBSYSTEMS = (
     "nemo_polar.proxy.cli",
     "nemo_polar.harness_adapters.cli",
     "nemo_polar.runtime.cli",
+    "nemo_polar.runtime.image_cli",
     "nemo_polar.trajectory.cli",
     "nemo_polar.rollout.cli",
     "nemo_polar.collect.cli",

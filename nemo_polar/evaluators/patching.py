@@ -16,14 +16,14 @@ __all__ = ["PATCH_PATH", "apply_diff"]
 PATCH_PATH = ".polar/agent.patch"
 
 
-async def apply_diff(rt: Runtime, diff: str, *, timeout_s: float = 120.0) -> str | None:
+async def apply_diff(rt: Runtime, diff: str, *, timeout_s: float = 120.0, path: str = PATCH_PATH) -> str | None:
     if not diff.strip():
         return None
-    await rt.write_file(PATCH_PATH, diff if diff.endswith("\n") else diff + "\n")
+    await rt.write_file(path, diff if diff.endswith("\n") else diff + "\n")
     errors = []
     for cmd in (
-        ["git", "apply", "--whitespace=nowarn", PATCH_PATH],
-        ["patch", "--batch", "--fuzz=5", "-p1", "-i", PATCH_PATH],
+        ["git", "apply", "--whitespace=nowarn", path],
+        ["patch", "--batch", "--fuzz=5", "-p1", "-i", path],
     ):
         res = await rt.exec(cmd, timeout_s=timeout_s)
         if res.ok:

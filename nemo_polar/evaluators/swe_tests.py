@@ -1,24 +1,28 @@
 # SPDX-License-Identifier: Apache-2.0
-"""`swe_tests`: SWE-Gym / SWE-bench style verification of an agent's diff.
+"""`swe_tests`: SWE-bench's evaluation protocol for an agent's diff, on any runtime (bubblewrap or container).
 
 Options: `FAIL_TO_PASS`, `PASS_TO_PASS` (pytest node ids), `test_command` (default `python -m pytest`),
-`timeout_s` (default 600), `restore_tests` (default true: the test files named by the node ids are put back to
-their original content after the diff is applied, so an agent cannot pass by editing the tests).
+`timeout_s` (default 600), `restore_tests` (default true), `test_patch` (optional unified diff adding or changing
+tests, as SWE-bench ships it), `base_commit` (optional: checked out first when the repository has it).
 
-Steps: take a FRESH runtime (a clean copy of the task repo), apply the agent's diff (`git apply`, then
-`patch --fuzz`), run exactly the named tests with `-rA`, parse each test's outcome from the short summary, and
-score SWE-bench's way: resolved iff every FAIL_TO_PASS and every PASS_TO_PASS test passes (PASSED or XFAIL; a
-test that did not run counts as failed); reward = 1.0 if resolved else 0.0.
+Steps, on a FRESH runtime (a clean copy of the task repo; the gateway prewarms it while the agent runs): check out
+`base_commit` (when given and present), apply the agent's diff (`git apply`, then `patch --fuzz`), reset the test
+files (those named by the node ids and those `test_patch` touches) to their original content, so an agent cannot
+pass by editing tests, apply `test_patch`, run exactly the named tests with `-rA`, parse each test's outcome and
+grade SWE-bench's way: resolved iff every FAIL_TO_PASS and every PASS_TO_PASS test passes (PASSED or XFAIL; a test
+that did not run counts as failed); reward = 1.0 if resolved else 0.0. Per-test outcomes are kept in `details`.
 
 Failure kinds: `patch_apply_failed` and `test_timeout` are the agent's doing (reward 0, kept for training);
-`runtime_unavailable`, `test_runner_error` (pytest internal error / could not start) are infrastructure
-(`mask_sample`). An empty diff is a plain 0.0 with `details.empty_patch`.
+`runtime_unavailable`, `test_patch_failed`, `test_runner_error` (pytest internal error / could not start) are
+infrastructure (`mask_sample`). An empty diff is a plain 0.0 with `details.empty_patch` (`run_protocol(...,
+run_empty=True)` still runs the tests: build-time validation of a task).
 """
 
 from __future__ import annotations
 
 import re
 import shlex
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -26,7 +30,12 @@ from nemo_polar.evaluators.base import EvalContext, failure, register_evaluator
 from nemo_polar.evaluators.patching import apply_diff
 from nemo_polar.types import EvalResult
 
-__all__ = ["PASSING", "SweTestsOptions", "parse_pytest_summary", "swe_tests"]
+if TYPE_CHECKING:
+    from nemo_polar.rollout.runtime import Runtime
+
+__all__ = ["PASSING", "SweTestsOptions", "parse_pytest_summary", "patch_files", "run_protocol", "swe_tests"]
+
+TEST_PATCH_PATH = ".polar/test.patch"
 
 PASSING = frozenset({"PASSED", "XFAIL"})
 _LINE = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED)\s+(.*)$")
@@ -72,6 +81,8 @@ class SweTestsOptions(BaseModel):
     test_command: str = "python -m pytest"
     timeout_s: float = Field(default=600.0, gt=0)
     restore_tests: bool = True
+    test_patch: str = ""
+    base_commit: str | None = None
 
     @model_validator(mode="after")
     def _some_tests(self) -> SweTestsOptions:
@@ -86,22 +97,52 @@ async def swe_tests(ctx: EvalContext) -> EvalResult:
         opts = SweTestsOptions.model_validate(dict(ctx.options))
     except ValidationError as exc:  # checked at submit; reached only by a task that bypassed the rollout server
         return failure("evaluator_config", f"swe_tests options: {exc}", mask_sample=True)
-    f2p, p2p = opts.FAIL_TO_PASS, opts.PASS_TO_PASS
     if not ctx.diff.strip():
         return EvalResult(reward=0.0, resolved=False, details={"empty_patch": True})
     if ctx.fresh_runtime is None:
         return failure("runtime_unavailable", "swe_tests needs a fresh runtime", mask_sample=True)
-    rt = await ctx.fresh_runtime()
+    return await run_protocol(await ctx.fresh_runtime(), ctx.diff, opts)
 
-    test_files = sorted({t.split("::", 1)[0] for t in f2p + p2p})
-    originals = {}
+
+def patch_files(diff: str) -> list[str]:
+    """The repository-relative paths a unified diff touches (both sides, `/dev/null` excluded)."""
+    out: dict[str, None] = {}
+    for line in diff.splitlines():
+        if line.startswith(("--- ", "+++ ")):
+            name = line[4:].split("\t", 1)[0].strip()
+            if name != "/dev/null":
+                out[name[2:] if name[:2] in ("a/", "b/") else name] = None
+    return list(out)
+
+
+async def run_protocol(rt: Runtime, diff: str, opts: SweTestsOptions, *, run_empty: bool = False) -> EvalResult:
+    """SWE-bench's protocol on `rt` (a fresh runtime) for `diff`; see the module docstring."""
+    f2p, p2p = opts.FAIL_TO_PASS, opts.PASS_TO_PASS
+    if not diff.strip() and not run_empty:
+        return EvalResult(reward=0.0, resolved=False, details={"empty_patch": True})
+    if opts.base_commit:
+        has = await rt.exec(["git", "cat-file", "-e", f"{opts.base_commit}^{{commit}}"], timeout_s=60)
+        if has.ok:
+            res = await rt.exec(["git", "checkout", "-q", "-f", opts.base_commit, "--", "."], timeout_s=120)
+            if not res.ok:
+                reason = f"cannot check out {opts.base_commit}: {res.stderr}"
+                return failure("runtime_unavailable", reason, mask_sample=True)
+    test_files = sorted({t.split("::", 1)[0] for t in f2p + p2p} | set(patch_files(opts.test_patch)))
+    originals: dict[str, bytes | None] = {}
     if opts.restore_tests:
-        originals = {f: (rt.workdir / f).read_bytes() for f in test_files if (rt.workdir / f).is_file()}
-    err = await apply_diff(rt, ctx.diff)
+        originals = {f: (rt.workdir / f).read_bytes() if (rt.workdir / f).is_file() else None for f in test_files}
+    err = await apply_diff(rt, diff)
     if err is not None:
         return failure("patch_apply_failed", err, mask_sample=False)
     for rel, data in originals.items():
-        await rt.write_file(rel, data)
+        if data is not None:
+            await rt.write_file(rel, data)
+        elif (rt.workdir / rel).is_file():  # created by the agent where the test patch creates a file
+            (rt.workdir / rel).unlink()
+    if opts.test_patch.strip():
+        err = await apply_diff(rt, opts.test_patch, path=TEST_PATCH_PATH)
+        if err is not None:
+            return failure("test_patch_failed", err, mask_sample=True)
 
     timeout_s, base = opts.timeout_s, opts.test_command
     cmd = f"{base} -rA --tb=short -p no:cacheprovider -o addopts= " + " ".join(shlex.quote(t) for t in f2p + p2p)
@@ -130,5 +171,6 @@ async def swe_tests(ctx: EvalContext) -> EvalResult:
             "PASS_TO_PASS": p2p_out,
             "pytest_exit_code": res.exit_code,
             "output_tail": output[-4000:],
+            **({"empty_patch": True} if not diff.strip() else {}),
         },
     )
