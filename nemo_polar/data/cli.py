@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from nemo_polar.data.swe_gym import DEFAULT_IMAGE_PREFIX, SweGymError, convert_file
+from nemo_polar.rundir import RunDir
 
 __all__ = ["register"]
 
@@ -70,8 +71,8 @@ def _pybugs(args: argparse.Namespace) -> int:
         return 1
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    dump_jsonl(tasks, out / "tasks.jsonl")
-    print(f"{len(tasks)} tasks ({args.runtime}) -> {out}/tasks.jsonl")
+    dump_jsonl(tasks, RunDir(out).tasks)
+    print(f"{len(tasks)} tasks ({args.runtime}) -> {RunDir(out).tasks}")
     return 0
 
 
