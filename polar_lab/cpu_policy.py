@@ -1,0 +1,70 @@
+# SPDX-License-Identifier: Apache-2.0
+"""FAKE policy worker for GRPO steps on CPU: the one thing of NeMo RL's training loop that cannot exist here.
+
+NeMo RL trains through GPU policy workers (DTensor / Megatron); none can start without an accelerator. This class
+stands in for one, and only for that: it holds a CPU copy of the policy's Hugging Face weights (the same directory
+the vLLM backend serves), computes next-token logprobs for a flattened NeMo RL batch, applies NeMo RL's own loss
+function object (e.g. `ClippedPGLossFn` built from the recipe's `loss_fn`) exactly as NeMo RL calls it
+(`loss_fn(next_token_logprobs, data, global_valid_seqs, global_valid_toks)`), takes an optimizer step, and saves
+the new weights for the generation server to load. Everything around it (batching, masks, advantages, the loss) is
+NeMo RL's and the project's real code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass
+class StepResult:
+    loss: float
+    metrics: dict[str, Any]
+    logprob_grad: torch.Tensor  # d loss / d next-token logprobs, [B, T-1]: zero wherever nothing is trained
+    grad_norm: float
+
+
+class FakeCpuPolicyWorker:
+    """FAKE NeMo RL policy worker on CPU (a GPU worker cannot exist here): logprobs, loss, optimizer step, save."""
+
+    def __init__(self, model_dir: str | Path, lr: float = 1e-3, seed: int = 0) -> None:
+        from transformers import AutoModelForCausalLM
+
+        torch.manual_seed(seed)
+        self.model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32)
+        self.model.train()
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
+        self.version = 1
+
+    def next_token_logprobs(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """log p(token[t+1] | tokens[..t]) for every position, [B, T-1]."""
+        logits = self.model(input_ids=input_ids).logits.float()
+        logprobs = torch.log_softmax(logits[:, :-1], dim=-1)
+        return logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+
+    def train_step(self, loss_fn: Any, data: dict[str, torch.Tensor]) -> StepResult:
+        """One optimizer step on `data` (NeMo RL's train_data keys: input_ids, token_mask, sample_mask, advantages,
+        prev_logprobs, generation_logprobs, reference_policy_logprobs)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        logprobs = self.next_token_logprobs(data["input_ids"])
+        logprobs.retain_grad()
+        mask = data["token_mask"][:, 1:] * data["sample_mask"].unsqueeze(-1)
+        global_valid_toks = mask.sum()
+        global_valid_seqs = data["sample_mask"].sum()
+        loss, metrics = loss_fn(logprobs, data, global_valid_seqs, global_valid_toks)
+        loss.backward()
+        assert logprobs.grad is not None
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm=1e9)
+        self.optimizer.step()
+        return StepResult(float(loss.detach()), dict(metrics), logprobs.grad.detach().clone(), float(grad_norm))
+
+    def save(self, out_dir: str | Path) -> Path:
+        """The current weights as a Hugging Face model directory (what a generation server loads); bumps version."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(str(out), safe_serialization=True)
+        self.version += 1
+        return out
