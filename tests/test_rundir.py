@@ -133,9 +133,6 @@ RUN_FILES = re.compile(
     r"""runtimes|workdir\.diff)["']"""
 )
 OWNERS = {"nemo_polar/rundir.py", "nemo_polar/proxy/store.py"}
-# files that still spell a run-directory name because another engineer was editing them when rundir.py landed
-# (issue 18); each entry should go, not grow
-PENDING = {"nemo_polar/rollout/stages.py", "nemo_polar/rollout/gateway.py", "nemo_polar/data/swe_gym.py"}
 
 
 def test_only_rundir_spells_the_run_directory_file_names() -> None:
@@ -143,7 +140,7 @@ def test_only_rundir_spells_the_run_directory_file_names() -> None:
     for top in ("nemo_polar", "credit", "environments"):
         for path in sorted((ROOT / top).rglob("*.py")):
             rel = path.relative_to(ROOT).as_posix()
-            if rel in OWNERS or rel in PENDING:
+            if rel in OWNERS:
                 continue
             for n, line in enumerate(path.read_text().splitlines(), 1):
                 code = line.split("#", 1)[0]

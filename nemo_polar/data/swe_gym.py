@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from nemo_polar.errors import PolarError
 from nemo_polar.rollout.spec import TaskSpec
+from nemo_polar.rundir import RunDir
 
 __all__ = [
     "DEFAULT_IMAGE_PREFIX",
@@ -213,7 +214,7 @@ def convert_file(path: str | Path, out_dir: str | Path, **options: Any) -> tuple
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gym.jsonl").write_bytes(b"".join(orjson.dumps(g) + b"\n" for g in gym_rows))
-    (out / "tasks.jsonl").write_bytes(b"".join(t.to_json() + b"\n" for t in tasks))
+    RunDir(out).tasks.write_bytes(b"".join(t.to_json() + b"\n" for t in tasks))
     return gym_rows, tasks
 
 

@@ -42,6 +42,7 @@ from nemo_polar.rollout.proxylink import ProxyLink
 from nemo_polar.rollout.retry import Backoff, retry
 from nemo_polar.rollout.spec import TaskSpec
 from nemo_polar.rollout.stages import Job, SessionWork
+from nemo_polar.rundir import RunDir
 from nemo_polar.types import SessionResult
 
 __all__ = ["Gateway", "GatewayConfig"]
@@ -265,7 +266,7 @@ class Gateway:
             task=task,
             sample_index=sample_index,
             attempt=attempt,
-            session_dir=Path(self.config.work_dir) / "sessions" / session_id,
+            session_dir=RunDir(self.config.work_dir).session(session_id).root,
         )
         job.t["admitted"] = time.time()
         self.jobs[session_id] = job
@@ -383,7 +384,7 @@ class Gateway:
 
     @property
     def _outbox(self) -> Path:
-        return Path(self.config.work_dir) / "outbox"
+        return RunDir(self.config.work_dir).outbox
 
     def _outbox_put(self, result: SessionResult) -> None:
         self._outbox.mkdir(parents=True, exist_ok=True)

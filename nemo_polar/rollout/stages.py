@@ -34,6 +34,7 @@ from nemo_polar.rollout.retry import Backoff, retry
 from nemo_polar.rollout.runtime import Runtime, RuntimeSetupError, create_runtime
 from nemo_polar.rollout.spec import ExecAction, TaskSpec, UploadDirAction, UploadFileAction
 from nemo_polar.rollout.task_options import SIMULATION, SimulationOptions
+from nemo_polar.rundir import RunDir, SessionDir
 from nemo_polar.types import CompletionRecord, EvalResult, SessionResult, Trajectory, TrajectoryStatus
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ class SessionWork:
         rt = await create_runtime(
             f"{job.session_id}.{name}",
             job.task.runtime,
-            self.work_dir / "runtimes" / job.session_id / name,
+            RunDir(self.work_dir).runtimes / job.session_id / name,
             proxy_port=port,
             hidden=(self.work_dir,),  # other sessions' runtimes and the record store stay out of sight
         )
@@ -198,7 +199,7 @@ class SessionWork:
                 )
                 return
             argv, env = await self._agent_command(job, rt)
-            res = await rt.exec(argv, timeout_s=budget, env=env, stdout_path=job.session_dir / "agent.log")
+            res = await rt.exec(argv, timeout_s=budget, env=env, stdout_path=SessionDir(job.session_dir).agent_log)
             job.agent_exit_code = res.exit_code
             if res.timed_out:
                 job.fail(
@@ -225,7 +226,7 @@ class SessionWork:
             if isinstance(run_s, list):
                 run_s = run_s[job.sample_index % len(run_s)]
             job.session_dir.mkdir(parents=True, exist_ok=True)
-            (job.session_dir / "plan.json").write_bytes(orjson.dumps(plan or {"steps": []}))
+            SessionDir(job.session_dir).plan.write_bytes(orjson.dumps(plan or {"steps": []}))
             (rt.home / "polar-plan.json").write_bytes(orjson.dumps(plan or {"steps": []}))  # the run dir is hidden
             argv = [
                 sys.executable,
@@ -342,7 +343,7 @@ class SessionWork:
         job.t["post_end"] = time.time()
         result.timing = job.timing()
         result.trajectory.timing = {**result.trajectory.timing, **result.timing}
-        await asyncio.to_thread((job.session_dir / "result.json").write_bytes, result.to_json(compact=True))
+        await asyncio.to_thread(SessionDir(job.session_dir).result.write_bytes, result.to_json(compact=True))
         return result
 
     async def _collect(self, job: Job) -> tuple[list[CompletionRecord], str]:
@@ -356,7 +357,7 @@ class SessionWork:
                 self.records_total += len(records)
             if job.runtime is not None:
                 diff = await asyncio.wait_for(job.runtime.diff(), timeout=120)
-                await asyncio.to_thread((job.session_dir / "diff.patch").write_text, diff)
+                await asyncio.to_thread(SessionDir(job.session_dir).diff.write_text, diff)
         except Exception as exc:
             log.warning("POSTRUN collection for %s failed: %s", job.session_id, exc)
             job.fail("postrun", "collect_failed", f"{type(exc).__name__}: {exc}")
