@@ -222,7 +222,7 @@ def score(base: str, sessions: dict[str, str], tally: Tally, faults: list[float]
                 failed += 1
                 continue
             text = json.dumps(r.get("original_request"))
-            for prompt in {p for p in tally.received} | {f"fault-{sid}-{i}" for i in range(64)}:
+            for prompt in {p for p in tally.received} | {f"fault-{sid}-{i}" for i in range(256)}:
                 if f'"{prompt}"' in text:
                     ok_by_prompt[prompt] += 1
     lost = [p for p in tally.received if ok_by_prompt[p] == 0]
@@ -345,8 +345,8 @@ def row_upstream(d: Dialect, work: Path, n_sessions: int, calls: int) -> dict[st
     tally = Tally()
     try:
         sessions = new_sessions(base, n_sessions, f"up-{d.name}")
-        for sid, key in sessions.items():
-            run_session(base, d, key, sid, calls, tally, [], deadline_s=240)
+        for sid, key in sessions.items():  # 5x the calls: a few of each injected fault per dialect
+            run_session(base, d, key, sid, calls * 5, tally, [], deadline_s=600)
         out = score(base, sessions, tally, [])
         out["injected"] = dict(relay.counts)
         return out
