@@ -17,7 +17,7 @@ import torch
 from nemo_polar.credit.nemo_rl import CallCreditAdvantageEstimator
 from nemo_polar.credit.nemo_rl.baseline import grpo_sequence_advantages
 from nemo_polar.credit.nemo_rl.layout import LayoutError
-from pydantic import BaseModel, ConfigDict
+from nemo_rl.algorithms.advantage_estimator import AdvEstimatorConfig, GRPOAdvantageEstimator
 
 from .nemo_rl_repro import build_batch, reference_grpo
 
@@ -144,6 +144,10 @@ def test_alpha_one_equals_nemo_rl_grpo_token_advantages() -> None:
     out = _call(CallCreditAdvantageEstimator(_config(1.0), None), b)
     grpo = reference_grpo(b["prompt_ids"], b["rewards"], b["mask"], leave_one_out=True, normalize=True)
     torch.testing.assert_close(out, torch.where(b["mask"] != 0, grpo, torch.zeros(())), rtol=0, atol=1e-6)
+    theirs = GRPOAdvantageEstimator(AdvEstimatorConfig(), None).compute_advantage(
+        b["prompt_ids"], b["rewards"], b["mask"]
+    )
+    torch.testing.assert_close(out, torch.where(b["mask"] != 0, theirs, torch.zeros(())), rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("leave_one_out", [True, False])
@@ -160,23 +164,18 @@ def test_sequence_advantages_match_reference_on_random_groups(leave_one_out: boo
         ref = reference_grpo(prompts, rewards, mask, leave_one_out=leave_one_out, normalize=normalize)[:, 0]
         ours = grpo_sequence_advantages(prompts, rewards, leave_one_out=leave_one_out, normalize=normalize)
         torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-6)
-
-
-class _AdvEstimatorConfig(BaseModel):
-    """Shaped like NeMo RL's pydantic `AdvEstimatorConfig` (extra="allow") at the pinned commit."""
-
-    model_config = ConfigDict(extra="allow")
-    name: str = "grpo"
-    normalize_rewards: bool = True
-    use_leave_one_out_baseline: bool = True
-    reward_weights: list[float] | None = None
-    minus_baseline: bool = True
+        nemo_rl = GRPOAdvantageEstimator(
+            AdvEstimatorConfig(normalize_rewards=normalize, use_leave_one_out_baseline=leave_one_out), None
+        ).compute_advantage(prompts, rewards, mask)[:, 0]
+        torch.testing.assert_close(ours, nemo_rl, rtol=1e-5, atol=1e-6)  # NeMo RL's own estimator
 
 
 def test_config_from_pydantic_model_equals_config_from_dict() -> None:
+    from nemo_rl.algorithms.advantage_estimator import AdvEstimatorConfig  # NeMo RL's own (extra="allow")
+
     b = _batch()
     from_dict = _call(CallCreditAdvantageEstimator(_config(0.4), None), b)
-    model = _AdvEstimatorConfig(**_config(0.4))
+    model = AdvEstimatorConfig.model_validate(_config(0.4))
     from_model = _call(CallCreditAdvantageEstimator(model, None), b)
     torch.testing.assert_close(from_model, from_dict, rtol=0, atol=0)
 
