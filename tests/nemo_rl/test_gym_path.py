@@ -150,3 +150,12 @@ def test_schema_refuses_what_the_gym_path_cannot_deliver() -> None:
         validate_recipe(load_with_overrides(recipe, ["polar.builder=per_request"]))
     with pytest.raises(ValidationError, match="command_line"):
         validate_recipe(load_with_overrides(recipe, ["polar.harness=shell"]))
+
+
+@pytest.mark.parametrize("name", ["grpo_polar_swe_qwen3_5_4b.yaml", "grpo_polar_swe_smoke.yaml"])
+def test_the_hosted_stack_is_sized_from_the_recipe(name: str) -> None:
+    config = load_with_overrides(RECIPES / name)
+    server = config["env"]["nemo_gym"]["polar_swe"]["resources_servers"]["polar_swe"]
+    samples = config["grpo"]["num_prompts_per_step"] * config["grpo"]["num_generations_per_prompt"]
+    assert server["run_slots"] * server["gateways"] == samples
+    assert server["ready_buffer"] == server["init_workers"] == server["postrun_workers"] == server["run_slots"]
