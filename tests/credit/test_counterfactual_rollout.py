@@ -264,5 +264,7 @@ def test_polar_credit_plan_alternative_needs_plans(tmp_path: Path, capsys: pytes
     from nemo_polar.cli import main
 
     argv = ["credit", str(tmp_path), "--counterfactual", "http://127.0.0.1:1", "--alternative", "plan"]
-    assert main(argv) == 2
+    assert main([*argv, "--budget", "1"]) == 2
     assert "needs --plans" in capsys.readouterr().err
+    assert main(argv) == 2  # calibration is off by default: without --budget it is refused first
+    assert "off by default" in capsys.readouterr().err
