@@ -129,7 +129,9 @@ class PolarAgent(SimpleResponsesAPIAgent):
             evaluator_timeout_s=c.evaluator_timeout_s,
         )
         # The verdict is polar_swe's /verify; the gateway's POSTRUN only builds the trajectory.
-        task = task.model_copy(update={"evaluator": task.evaluator.model_copy(update={"name": "session_completed"})})
+        # (session_completed takes no options: the swe_tests ones stay in the row, which /verify gets)
+        evaluator = task.evaluator.model_copy(update={"name": "session_completed", "options": {}})
+        task = task.model_copy(update={"evaluator": evaluator})
         t0 = time.monotonic()
         async with PolarClient(seed["rollout_url"], poll_wait_s=10.0) as polar:
             await polar.submit(task)
