@@ -15,7 +15,8 @@ POSTRUN) and the proxy's records (`arrived_at`, `finished_at`; `upstream.sent_at
 each vLLM request). Parts, which add up to the session's wall time:
 
   queue + ready      admission → INIT start, INIT end → RUN start (waiting for a worker or a run slot)
-  sandbox start      INIT: the runtime (bubblewrap sandbox, the task repo copied in, prepare actions)
+  sandbox start      INIT: the runtime (session directory with the task repo, git baseline, prepare actions); each
+                     command then runs under its own bubblewrap process, whose start falls in `CLI start`
   CLI start          RUN start → the CLI's first model call arrives at the proxy
   model              time inside at least one vLLM request (union over overlapping calls)
   re-scoring         the proxy's own extra vLLM request per forced call with a short prompt (`prompt_logprobs` over
@@ -158,7 +159,8 @@ def report(rows: list[dict[str, Any]]) -> None:
         + "; ".join(f"{h}: {p} ({100 * s:.0f} %)" for h, (p, s) in largest.items())
         + f". Over every session: **{avoid}** ({100 * overall[avoid] / tot:.0f} % of session time; the model itself "
         f"{100 * overall['model'] / tot:.0f} %, tools + CLI {100 * overall['tools + CLI'] / tot:.0f} %, "
-        f"evaluation {100 * overall['evaluation'] / tot:.0f} %)."
+        f"evaluation {100 * overall['evaluation'] / tot:.0f} %, the proxy's re-scoring of forced calls "
+        f"{100 * overall['re-scoring'] / tot:.0f} %, the proxy itself {100 * overall['proxy'] / tot:.1f} %)."
     )
 
 
