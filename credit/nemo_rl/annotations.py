@@ -35,6 +35,7 @@ class CallAnnotation:
     role: str
     parents: tuple[int, ...] = ()
     source: str = "decode"
+    test_outcome: str | None = None  # RV calls: "passed" / "failed" when known (drives the RV self-correction reward)
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,12 @@ def from_polar_calls(entries: Sequence[Mapping[str, Any]], n_calls: int, row: in
             raise AnnotationError(f"row {row}: polar_calls[{k}].parents {parents} must be earlier call indices")
         mapped = tuple(sorted({position[p] for p in parents if p in position}))
         position[index] = k
-        out.append(CallAnnotation(role=role, parents=mapped, source="polar_calls"))
+        outcome = entry.get("test_outcome")
+        out.append(
+            CallAnnotation(
+                role=role, parents=mapped, source="polar_calls", test_outcome=None if outcome is None else str(outcome)
+            )
+        )
     return out
 
 

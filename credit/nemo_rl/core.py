@@ -12,12 +12,14 @@ Does not: import `nemo_rl`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import torch
 from nemo_polar.credit.calls import Action, Call
 from nemo_polar.credit.config import CallCreditConfig
 from nemo_polar.credit.graph import CallGraph, CallNode, Edge, build_edges
+from nemo_polar.credit.propagation import CreditAssignment
 from nemo_polar.credit.propagation import propagate as core_propagate
 from nemo_polar.credit.roles import classify_calls
 
@@ -63,12 +65,8 @@ def classify_decoded(calls: Sequence[DecodedCall], config: Any, harness: str | N
     ]
 
 
-def call_credit(
-    adv_tau: float, annotations: Sequence[CallAnnotation], n_tokens: Sequence[int], config: Any
-) -> list[float]:
-    """Â_v per call of one row (the core's `propagate` on a graph built from the annotations)."""
-    if not annotations:
-        return []
+def row_graph(annotations: Sequence[CallAnnotation], n_tokens: Sequence[int]) -> CallGraph:
+    """The core's `CallGraph` of one row: a node per call (role, token count, test outcome), edges parent → call."""
     nodes = [
         CallNode(
             index=k,
@@ -84,7 +82,7 @@ def call_credit(
             paths_written=[],
             test_targets=[],
             scoped=False,
-            test_outcome=None,
+            test_outcome=ann.test_outcome,
             summary="",
         )
         for k, (ann, n) in enumerate(zip(annotations, n_tokens, strict=True))
@@ -92,6 +90,42 @@ def call_credit(
     edges = [
         Edge(src=p, dst=k, kinds=["annotation"]) for k, ann in enumerate(annotations) for p in sorted(set(ann.parents))
     ]
-    graph = CallGraph(session_id="", harness=None, nodes=nodes, edges=edges)
-    credit, _ = core_propagate(graph, adv_tau, config.propagation)
+    return CallGraph(session_id="", harness=None, nodes=nodes, edges=edges)
+
+
+def row_assignment(
+    graph: CallGraph,
+    adv_tau: float,
+    reward: float,
+    config: Any,
+    *,
+    omega: Mapping[str, float] | None = None,
+    rv_reward: torch.Tensor | None = None,
+) -> CreditAssignment:
+    """The core's `CreditAssignment` of one row (propagation with the given ω and RV rewards)."""
+    rv = rv_reward if rv_reward is not None else torch.zeros(len(graph.nodes), dtype=torch.float64)
+    credit, parts = core_propagate(graph, adv_tau, config.propagation, omega=omega, rv_reward=rv_reward)
+    return CreditAssignment(
+        session_id=graph.session_id,
+        group_id=None,
+        reward=float(reward),
+        advantage=float(adv_tau),
+        roles=graph.roles(),
+        credit=credit,
+        factor=parts["factor"],
+        omega=parts["omega"],
+        share=parts["share"],
+        discount=parts["discount"],
+        scale=float(parts["scale"]),
+        rv_reward=rv,
+    )
+
+
+def call_credit(
+    adv_tau: float, annotations: Sequence[CallAnnotation], n_tokens: Sequence[int], config: Any
+) -> list[float]:
+    """Â_v per call of one row (the core's `propagate` on a graph built from the annotations)."""
+    if not annotations:
+        return []
+    credit, _ = core_propagate(row_graph(annotations, n_tokens), adv_tau, config.propagation)
     return [float(c) for c in credit]

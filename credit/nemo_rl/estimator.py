@@ -8,8 +8,9 @@ logprobs_reference=None, **kwargs) -> Tensor[B, S]`. This one returns, per token
 float32 tensor of exactly `mask.shape`, zero where `mask == 0`, without touching its inputs. It reads its
 options from a dict or a pydantic model (`grpo.adv_estimator`, `call_credit:` block; see `options.py`), finds
 the calls in `repeated_batch["message_log"]` (`layout.py`) and fails loudly without it, takes roles and parents
-from a `polar_calls` column or by decoding the calls with the policy tokenizer (`annotations.py`), and leaves
-`last_metrics` for async GRPO to log.
+from a `polar_calls` column or by decoding the calls with the policy tokenizer (`annotations.py`), applies the
+`call_credit.training` pieces (ω co-evolution, IG damping on the row's loss weight, RV reward; `training_state.py`),
+and leaves `last_metrics` (the core's `training_metrics` included) for both GRPO paths to log.
 
 Does not: import `nemo_rl` (it is selected by `install()`), or load a tokenizer before one is needed.
 """
@@ -30,6 +31,7 @@ from .annotations import from_polar_calls as annotations_from_polar_calls
 from .baseline import grpo_sequence_advantages
 from .layout import RowLayout, batch_layout, segment_token_ids
 from .options import EstimatorOptions, read_options
+from .training_state import TrainingState, group_ids
 
 log = logging.getLogger(__name__)
 
@@ -80,8 +82,18 @@ class CallCreditAdvantageEstimator:
         self.last_metrics: dict[str, float] = {}
         self.last_annotations: list[list[CallAnnotation]] = []
         self.last_call_credit: list[list[float]] = []
+        self.last_sample_weights: list[float] | None = None
+        # ω co-evolution, IG damping, RV reward, counterfactual budget check (training_state.py)
+        self.training_state = TrainingState(self.options.call_credit.training, self.config)
 
     # -- the contract ---------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """What the estimator carries across steps (ω co-evolution), for NeMo RL's checkpoint."""
+        return self.training_state.state_dict()
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.training_state.load_state_dict(state)
 
     def compute_advantage(
         self,
@@ -114,22 +126,32 @@ class CallCreditAdvantageEstimator:
                 f"batch sizes differ: mask {batch}, rewards {rewards.shape[0]}, prompt_ids {prompt_ids.shape[0]}"
             )
         layouts = batch_layout(repeated_batch, batch, seq_len)
+        annotations, from_column = self._annotate(repeated_batch, layouts)
+        n_tokens = [[c.end - c.start for c in layout.calls] for layout in layouts]
+        graphs = [core.row_graph(anns, toks) for anns, toks in zip(annotations, n_tokens, strict=True)]
+        state = self.training_state
+        rv = [state.rv_call_rewards(g) for g in graphs]
+        rewards_used = state.add_rv_reward(rewards, rv, repeated_batch)
         adv_tau = grpo_sequence_advantages(
             prompt_ids,
-            rewards,
+            rewards_used,
             leave_one_out=self.options.use_leave_one_out_baseline,
             normalize=self.options.normalize_rewards,
         )
-        annotations, from_column = self._annotate(repeated_batch, layouts)
+        omega = state.omega()
 
         alpha = self.alpha
         out = torch.zeros((batch, seq_len), dtype=torch.float32)
         in_call = torch.zeros((batch, seq_len), dtype=torch.bool)
         credits: list[list[float]] = []
-        for layout, anns in zip(layouts, annotations, strict=True):
+        assignments = []
+        for layout, graph, rv_row in zip(layouts, graphs, rv, strict=True):
             a_tau = float(adv_tau[layout.row])
-            n_tokens = [c.end - c.start for c in layout.calls]
-            credit = core.call_credit(a_tau, anns, n_tokens, self.config)
+            assignment = core.row_assignment(
+                graph, a_tau, float(rewards_used[layout.row]), self.config, omega=omega, rv_reward=rv_row
+            )
+            assignments.append(assignment)
+            credit = [float(c) for c in assignment.credit]
             credits.append(credit)
             # trainable tokens outside every call (none in NeMo RL's layout) use Â_τ or 0 as their call credit
             outside = a_tau if self.unspanned == "trajectory" else 0.0
@@ -139,9 +161,16 @@ class CallCreditAdvantageEstimator:
                 in_call[layout.row, call.start : call.end] = True
         valid = mask.detach().to("cpu") != 0
         out = torch.where(valid, out, torch.zeros((), dtype=out.dtype))
+        weights = None
+        if state.options.ig_damping != "off":
+            weights = state.sample_weights(graphs, assignments, n_tokens)
+            state.apply_damping(weights, repeated_batch, kwargs.get("sample_mask"))
         self.last_annotations = annotations
         self.last_call_credit = credits
+        self.last_sample_weights = weights
         self.last_metrics = self._metrics(annotations, credits, from_column, int((valid & ~in_call).sum()))
+        self.last_metrics.update(state.metrics(graphs, assignments, weights))
+        state.after_step(graphs, [float(r) for r in rewards_used], group_ids(prompt_ids))
         return out
 
     # -- annotations ----------------------------------------------------------------------------------------

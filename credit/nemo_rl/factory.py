@@ -30,7 +30,7 @@ from typing import Any
 from nemo_polar.errors import PolarError
 from nemo_polar.loading import load_object
 
-from . import sync_metrics
+from . import sync_metrics, training_state
 from .options import ESTIMATOR_NAME, ESTIMATOR_TARGET, as_plain, get_key
 from .pinned import FACTORY_NAME, GRPO_MODULE
 
@@ -143,6 +143,7 @@ def install(grpo_module: ModuleType | str | None = None) -> Callable[[Any], Any]
         log.info(message.strip())
         create_advantage_estimator.last_chosen = chosen  # type: ignore[attr-defined]
         sync_metrics.track(estimator)  # its last_metrics reach the synchronous trainers' logged metrics
+        training_state.restore(estimator)  # ω co-evolution state from the checkpoint NeMo RL resumed from, if any
         return estimator
 
     setattr(create_advantage_estimator, _WRAPPED_FLAG, True)
@@ -150,6 +151,7 @@ def install(grpo_module: ModuleType | str | None = None) -> Callable[[Any], Any]
     create_advantage_estimator.last_chosen = None  # type: ignore[attr-defined]
     setattr(module, FACTORY_NAME, create_advantage_estimator)
     sync_metrics.install_sync_metrics(module)
+    training_state.install_checkpoint_hooks()  # the estimator's state is written into every checkpoint
     log.info("CALL-CREDIT: wrapped %s.%s", module.__name__, FACTORY_NAME)
     return create_advantage_estimator
 

@@ -54,6 +54,25 @@ def get_key(obj: Any, key: str, default: Any = None) -> Any:
     return value
 
 
+class TrainingOptions(BaseModel):
+    """`call_credit.training:` — the CALL-CREDIT pieces beyond the fused advantage (`training_state.py`).
+
+    `coevolution`: adapt ω_role after every step (`coevolution.step`, the core's `coevolution:` block), the state
+    saved with NeMo RL's checkpoint and restored from it; `ig_damping`: `sample` multiplies each row's
+    `sample_mask` (NeMo RL's `loss_multiplier`) by the mean per-token IG damping weight
+    (`curation.sampling_weights` → `fusion.sample_weights`), so ClippedPGLossFn weighs the row's loss by it;
+    `rv_reward`: add λ·Σ r_RV of a row (λ = `rv_reward_scale`) to its reward before Â_τ, recorded in the batch
+    column `call_credit_rv_reward`. The per-step counterfactual budget is the core's `counterfactual.budget`.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    coevolution: bool = False
+    ig_damping: Literal["off", "sample"] = "off"
+    rv_reward: bool = False
+    rv_reward_scale: float = 1.0
+
+
 class CallCreditOptions(BaseModel):
     """The `call_credit:` block under `grpo.adv_estimator` (CALL-CREDIT, docs/call_credit.md).
 
@@ -62,7 +81,8 @@ class CallCreditOptions(BaseModel):
     `annotations` chooses where per-call roles and parents come from: `auto` (the `polar_calls` batch column
     when a row has it, else decoding with the policy tokenizer), `polar_calls` (required), `decode` (always);
     `tokenizer` defaults to `policy.tokenizer.name` (filled in by `install()`); `harness` picks the core's
-    tool-name table for decoded calls (None: the generic one).
+    tool-name table for decoded calls (None: the generic one); `training` switches on ω co-evolution, IG damping
+    and the RV reward inside training (`TrainingOptions`).
     Every other key is the CALL-CREDIT core's `CallCreditConfig` (`roles`, `graph`, `propagation`, `fusion`, …),
     validated by it: e.g. `propagation: {gamma: 0.95, omega: {AE: 1.0, IG: 0.6, RV: 0.3, OTHER: 0.1}}`.
     Â_τ always follows NeMo RL's GRPO (`normalize_rewards`, `use_leave_one_out_baseline` of `adv_estimator`);
@@ -75,6 +95,7 @@ class CallCreditOptions(BaseModel):
     annotations: Literal["auto", "polar_calls", "decode"] = "auto"
     tokenizer: str | None = None
     harness: str | None = None
+    training: TrainingOptions = Field(default_factory=TrainingOptions)
 
     def core_block(self) -> dict[str, Any]:
         """The core's part of the block, with `alpha` written into `fusion.alpha`."""
