@@ -5,13 +5,18 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 POLAR := $(PY) -m nemo_polar.cli
 
-.PHONY: venv deps backend harnesses gym nemo-rl setup lint typecheck pytest test demo bench clean
+.PHONY: venv deps images backend harnesses gym nemo-rl setup lint typecheck pytest test demo bench clean
 
 venv:
 	@bash scripts/setup_venv.sh
 
 deps:
 	@bash scripts/apt_deps.sh
+
+# container images without a registry: polar-base (mmdebstrap) + one image per pybugs task, on Docker and Podman,
+# each validated (gold patch resolves, empty does not); cached by content hash, so a warm run takes seconds
+images: venv deps
+	@$(POLAR) image build --tasks pybugs --validate
 
 backend: venv
 	@$(POLAR) backend prepare

@@ -67,7 +67,9 @@ def task(i: int, d: dict[str, float]) -> TaskSpec:
     )
 
 
-async def run_config(tasks: list[TaskSpec], *, slots: int, staged: bool, work: Path) -> dict[str, Any]:
+async def run_config(
+    tasks: list[TaskSpec], *, slots: int, staged: bool, work: Path, on_result: Any = None
+) -> dict[str, Any]:
     gw = Gateway(
         GatewayConfig(
             node_id="bench",
@@ -77,7 +79,8 @@ async def run_config(tasks: list[TaskSpec], *, slots: int, staged: bool, work: P
             run_slots=slots,
             postrun_workers=slots,
             staged=staged,
-        )
+        ),
+        on_result=on_result,
     )
     await gw.start()
     t0 = time.monotonic()

@@ -16,6 +16,8 @@ socket to a host-side forwarder that connects to the proxy. No other route exist
 
 Cleanup: `destroy()` removes the container on every exit path; each container carries the label
 `polar.owner=<gateway owner>` so `reap(owner)` (called when a gateway starts) removes what a killed gateway left.
+Commands get the image's own PATH (plus SWE-bench's `testbed` conda env when the image has one, as SWE-bench's
+eval scripts activate it), so `polar data swe-gym` rows run unmodified when their image is present.
 Image requirements: `/bin/sh`, `python3` (>= 3.8) on PATH, glibc (for the mounted Node and harness binaries).
 A missing image is a per-task setup error naming `polar image build`; nothing is pulled implicitly.
 """
@@ -50,6 +52,9 @@ log = logging.getLogger(__name__)
 
 CTL_DIR = "/polar-ctl"
 DEFAULT_WORKDIR = "/testbed"
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# SWE-bench / SWE-Gym images keep the task's Python in this conda env (activated by their eval scripts)
+SWEBENCH_ENV_BIN = "/opt/miniconda3/envs/testbed/bin"
 PIDS_LIMIT = 4096
 _TAIL = 64 * 1024
 _CHUNK = 64 * 1024
@@ -98,16 +103,20 @@ def _engine_if_running(kind: str) -> Engine | None:
     return get_engine(kind)
 
 
-async def image_workdir(engine: Engine, image: str) -> tuple[str, str]:
-    """(image id, working directory) of a present image; `RuntimeSetupError` naming `polar image build` if absent."""
-    res = await engine.run("image", "inspect", "--format", "{{.Id}} {{.Config.WorkingDir}}", image, timeout_s=60)
+async def image_workdir(engine: Engine, image: str) -> tuple[str, str, str]:
+    """(image id, working directory, PATH) of a present image; `RuntimeSetupError` naming `polar image build` when
+    it is absent (nothing is pulled implicitly)."""
+    res = await engine.run("image", "inspect", image, timeout_s=60)
     if not res.ok:
         raise RuntimeSetupError(
             f"image {image} not present in {engine.kind}: pull it or run `polar image build` "
             f"({res.stderr.strip()[-300:]})"
         )
-    image_id, _, wd = res.stdout.strip().partition(" ")
-    return image_id, (wd.strip() or DEFAULT_WORKDIR)
+    info = json.loads(res.stdout)[0]  # the same keys on Docker and Podman
+    config = info.get("Config") or {}
+    env = config.get("Env") or []
+    path = next((e.split("=", 1)[1] for e in env if e.startswith("PATH=")), DEFAULT_PATH)
+    return str(info["Id"]), (config.get("WorkingDir") or DEFAULT_WORKDIR), path
 
 
 def _host_mounts() -> list[str]:
@@ -140,6 +149,7 @@ class ContainerRuntime(LocalRuntime):
         self.container: str | None = None
         self.image_id = ""
         self.container_workdir = DEFAULT_WORKDIR
+        self.path = DEFAULT_PATH
         self.start_s = 0.0
         self._ctl: Path | None = None
         self._server: asyncio.Server | None = None
@@ -166,7 +176,7 @@ class ContainerRuntime(LocalRuntime):
                 rt.engine = await asyncio.to_thread(get_engine, spec.kind)
             except EngineError as exc:
                 raise RuntimeSetupError(str(exc)) from exc
-            rt.image_id, rt.container_workdir = await image_workdir(rt.engine, spec.image)
+            rt.image_id, rt.container_workdir, rt.path = await image_workdir(rt.engine, spec.image)
             await asyncio.to_thread(rt._populate)
             if spec.source is None:
                 await rt._copy_from_image()
@@ -203,7 +213,7 @@ class ContainerRuntime(LocalRuntime):
             data, err = await proc.communicate()
             if proc.returncode != 0:
                 raise RuntimeSetupError(f"cannot copy {self.container_workdir} out of {self.spec.image}: {err!r}")
-            await asyncio.to_thread(_untar, data, tmp / "tree")
+            await asyncio.to_thread(_untar, data, tmp / "tree", Path(self.container_workdir).name)
             await asyncio.to_thread(_publish, tmp, cache)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -252,6 +262,9 @@ class ContainerRuntime(LocalRuntime):
                 raise RuntimeSetupError(f"the container exited at start: {(logs.stdout + logs.stderr)[-1500:]}")
             await asyncio.sleep(0.05)
         self.start_s = time.monotonic() - t0
+        probe = await self.engine.run("exec", self.container, "test", "-d", SWEBENCH_ENV_BIN, timeout_s=30)
+        if probe.ok and SWEBENCH_ENV_BIN not in self.path.split(":"):
+            self.path = f"{SWEBENCH_ENV_BIN}:{self.path}"
 
     async def _running(self) -> bool:
         assert self.engine is not None and self.container is not None
@@ -300,7 +313,7 @@ class ContainerRuntime(LocalRuntime):
         argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
         full_env = self.base_env()
         full_env["TMPDIR"] = "/tmp"
-        full_env["PATH"] = self.spec.env.get("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        full_env["PATH"] = self.spec.env.get("PATH", self.path)
         full_env.update(env or {})
         marker = uuid.uuid4().hex
         full_env["POLAR_EXEC"] = marker  # every process of this command carries it: a timeout kills them all
@@ -426,10 +439,19 @@ def _mkdir(path: Path) -> Path:
     return path
 
 
-def _untar(data: bytes, dest: Path) -> None:
-    dest.mkdir(parents=True, exist_ok=True)
+def _untar(data: bytes, dest: Path, top: str) -> None:
+    """Extract the engine's `cp` archive of a directory into `dest`, whether its entries are rooted at `./` or at
+    the directory's own name (`top`): engines differ."""
+    raw = dest.with_name(dest.name + ".raw")
+    raw.mkdir(parents=True, exist_ok=True)
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        tar.extractall(dest, filter="tar")
+        tar.extractall(raw, filter="tar")
+    entries = list(raw.iterdir())
+    if len(entries) == 1 and entries[0].name == top and entries[0].is_dir():
+        entries[0].rename(dest)
+        raw.rmdir()
+    else:
+        raw.rename(dest)
 
 
 def _tail_file(path: Path) -> bytes:
