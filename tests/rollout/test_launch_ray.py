@@ -27,6 +27,7 @@ import pytest
 
 from nemo_polar.backend.server import free_port
 from nemo_polar.rollout import PolarClient
+from nemo_polar.rollout.client import PolarClientError
 from nemo_polar.types import SessionResult
 
 from ..procs import processes_with
@@ -38,6 +39,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 PY = sys.executable
+SECRET = "launch-secret"
 
 
 def _ready_line(proc: subprocess.Popen[str], timeout_s: float) -> dict[str, Any]:
@@ -72,6 +74,11 @@ def test_launch_ray_completes_a_task_with_two_gateway_actors(tmp_path: Path) -> 
     argv = [PY, "-m", "nemo_polar.cli", "launch", "--ray", "--gateways", "2", "--host", "127.0.0.1"]
     argv += ["--port", str(port), "--work-dir", str(tmp_path / "run"), "--ray-address", "local"]
     argv += ["--ray-num-cpus", "2", "--ray-node-ip", "127.0.0.1", "--ray-temp-dir", ray_tmp]
+    # with the rollout service's shared secret: the actors get it from the driver, gateways authenticate with it
+    (tmp_path / "secret").write_text(SECRET + "\n")
+    argv += ["--secret-file", str(tmp_path / "secret")]
+    env.pop("POLAR_ROLLOUT_SECRET", None)
+    env.pop("POLAR_ROLLOUT_SECRET_FILE", None)
     log = (tmp_path / "launch.log").open("w")
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=log, text=True, env=env, start_new_session=True)
     try:
@@ -82,7 +89,11 @@ def test_launch_ray_completes_a_task_with_two_gateway_actors(tmp_path: Path) -> 
         task = example_task("median", plans=("fix_plan", "noop_plan"))
 
         async def run() -> tuple[list[SessionResult], dict[str, Any]]:
-            async with PolarClient(ready["server"], poll_wait_s=2) as client:
+            async with PolarClient(ready["server"], secret="") as anonymous:
+                with pytest.raises(PolarClientError) as refused:
+                    await anonymous.submit(task)
+                assert refused.value.status == 401
+            async with PolarClient(ready["server"], poll_wait_s=2, secret=SECRET) as client:
                 await client.submit(task)
                 results = await asyncio.wait_for(client.collect(task.task_id), timeout=240)
                 return results, await client.status(task.task_id)
