@@ -143,6 +143,7 @@ def install(grpo_module: ModuleType | str | None = None) -> Callable[[Any], Any]
         log.info(message.strip())
         create_advantage_estimator.last_chosen = chosen  # type: ignore[attr-defined]
         sync_metrics.track(estimator)  # its last_metrics reach the synchronous trainers' logged metrics
+        training_state.check_master_config(estimator, master_config)  # IG damping must reach the loss
         training_state.restore(estimator)  # ω co-evolution state from the checkpoint NeMo RL resumed from, if any
         return estimator
 
@@ -163,3 +164,4 @@ def uninstall(grpo_module: ModuleType | str | None = None) -> None:
     if getattr(current, _WRAPPED_FLAG, False):
         setattr(module, FACTORY_NAME, current.__wrapped__)
     sync_metrics.uninstall_sync_metrics(module)
+    training_state.uninstall_checkpoint_hooks()

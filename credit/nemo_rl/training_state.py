@@ -69,6 +69,29 @@ def check_counterfactual(config: CallCreditConfig) -> None:
     )
 
 
+def check_master_config(estimator: Any, master_config: Any) -> None:
+    """Refuse `ig_damping: sample` where the synchronous trainer would drop the weight silently.
+
+    Sync GRPO builds `train_data["sample_mask"]` from the batch's `loss_multiplier` tensor (which the damping scales
+    in place), but with `grpo.seq_logprob_error_threshold` set it replaces that tensor by a new one before the
+    estimator runs; async GRPO passes its current `sample_mask` to `compute_advantage`, so it is always reached.
+    """
+    from .options import get_key
+
+    state = getattr(estimator, "training_state", None)
+    if not isinstance(state, TrainingState) or state.options.ig_damping != "sample":
+        return
+    grpo_cfg = get_key(master_config, "grpo")
+    threshold = get_key(grpo_cfg, "seq_logprob_error_threshold")
+    async_enabled = bool(get_key(get_key(grpo_cfg, "async_grpo"), "enabled", False))
+    if threshold is not None and not async_enabled:
+        raise TrainingOptionError(
+            "call_credit.training.ig_damping='sample' with grpo.seq_logprob_error_threshold set on synchronous GRPO: "
+            "NeMo RL replaces sample_mask before computing advantages, so the damping weight would not reach the "
+            "loss; unset the threshold, use async GRPO, or ig_damping: off"
+        )
+
+
 def group_ids(prompt_ids: torch.Tensor) -> list[int]:
     """GRPO groups: rows with identical prompt ids share an id."""
     _, inverse = torch.unique(prompt_ids.detach().to("cpu"), dim=0, return_inverse=True)
@@ -240,7 +263,11 @@ def install_checkpoint_hooks(checkpoint_module: Any = None) -> bool:
 
 
 def uninstall_checkpoint_hooks(checkpoint_module: Any = None) -> None:
-    module = checkpoint_module or importlib.import_module(CHECKPOINT_MODULE)
+    """Put NeMo RL's `CheckpointManager` methods back (no-op when not installed or not importable)."""
+    try:
+        module = checkpoint_module or importlib.import_module(CHECKPOINT_MODULE)
+    except ImportError:
+        return
     for name in ("init_tmp_checkpoint", "get_latest_checkpoint_path"):
         current = getattr(module.CheckpointManager, name)
         if getattr(current, _WRAPPED_FLAG, False):

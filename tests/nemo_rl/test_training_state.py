@@ -165,6 +165,14 @@ def test_ig_damping_uses_the_sample_mask_the_async_path_passes() -> None:
     assert torch.allclose(sample_mask, b["repeated_batch"]["loss_multiplier"] * torch.tensor(est.last_sample_weights))
 
 
+def test_ig_damping_is_refused_where_sync_grpo_would_replace_sample_mask() -> None:
+    est = CallCreditAdvantageEstimator(_config({"ig_damping": "sample"}))
+    ts.check_master_config(est, {"grpo": {"seq_logprob_error_threshold": None}})
+    ts.check_master_config(est, {"grpo": {"seq_logprob_error_threshold": 2.0, "async_grpo": {"enabled": True}}})
+    with pytest.raises(ts.TrainingOptionError, match="seq_logprob_error_threshold"):
+        ts.check_master_config(est, {"grpo": {"seq_logprob_error_threshold": 2.0, "async_grpo": {"enabled": False}}})
+
+
 def test_rv_reward_appears_in_the_batch_and_moves_the_trajectory_advantage() -> None:
     calls = copy.deepcopy(POLAR_CALLS)
     calls[0][2]["test_outcome"] = "passed"  # row 0: IG → AE → RV, the test passed
@@ -224,3 +232,39 @@ def test_training_metrics_are_in_last_metrics_and_reach_the_sync_logger() -> Non
         assert metrics["call_credit/omega/IG"] == m["call_credit/omega/IG"]
     finally:
         sync_metrics.uninstall_sync_metrics(grpo)
+
+
+def test_the_factory_restores_omega_from_the_checkpoint_nemo_rl_resumes_from(tmp_path: Path) -> None:
+    from nemo_polar.credit.nemo_rl import install, uninstall
+    from nemo_polar.credit.nemo_rl.recipe import load_with_overrides
+    from nemo_polar.credit.nemo_rl.sync_metrics import track
+    from nemo_rl.algorithms import grpo
+    from nemo_rl.utils import checkpoint
+
+    overrides = [
+        "++grpo.adv_estimator.call_credit.training.coevolution=true",
+        "++grpo.adv_estimator.call_credit.annotations=polar_calls",
+        "++grpo.adv_estimator.call_credit.coevolution.estimator=observational",
+        "++grpo.adv_estimator.call_credit.coevolution.rule=proportional",
+        f"checkpointing.checkpoint_dir={tmp_path / 'ckpt'}",
+    ]
+    master = grpo.MasterConfig(**load_with_overrides(SMOKE, overrides))
+    install(grpo)
+    try:
+        first = grpo._create_advantage_estimator(master)
+        assert isinstance(first, CallCreditAdvantageEstimator) and first.training_state.coevolution is not None
+        start = first.training_state.omega()
+        for _ in range(2):
+            _step(first, _batch())
+        assert first.training_state.omega() != start
+        track(first)
+        manager = checkpoint.CheckpointManager(master.checkpointing)
+        manager.finalize_checkpoint(manager.init_tmp_checkpoint(2, {"step": 2}, None))
+
+        checkpoint.CheckpointManager(master.checkpointing).get_latest_checkpoint_path()  # NeMo RL's setup()
+        resumed = grpo._create_advantage_estimator(master)
+    finally:
+        uninstall(grpo)
+        ts.uninstall_checkpoint_hooks()
+    assert resumed is not first and resumed.training_state.omega() == first.training_state.omega()
+    assert resumed.state_dict() == first.state_dict()
