@@ -32,7 +32,12 @@ def register(subparsers: Any) -> None:
     b.add_argument("--validate", action="store_true", help="validate each task on the engine after building")
     b.set_defaults(func=_build)
     s = sub.add_parser("stop-daemon", help="stop the private dockerd started for this cache dir")
-    s.set_defaults(func=lambda args: 0 if stop_docker() or True else 1)
+    s.set_defaults(func=_stop_daemon)
+
+
+def _stop_daemon(args: argparse.Namespace) -> int:
+    print("stopped the private dockerd" if stop_docker() else "no private dockerd was running")
+    return 0
 
 
 def _mb(n: int) -> str:
