@@ -156,7 +156,13 @@ def task_spec(
             "builder": builder,
             "evaluator": {
                 "name": "swe_tests",
-                "options": {"FAIL_TO_PASS": list(row.FAIL_TO_PASS), "PASS_TO_PASS": list(row.PASS_TO_PASS)},
+                # SWE-bench's protocol: base_commit checked out, test files reset, test_patch applied, then the tests
+                "options": {
+                    "FAIL_TO_PASS": list(row.FAIL_TO_PASS),
+                    "PASS_TO_PASS": list(row.PASS_TO_PASS),
+                    "base_commit": row.base_commit,
+                    **({"test_patch": row.test_patch} if row.test_patch else {}),
+                },
             },
             "timeout_s": timeout_s,
             "metadata": {

@@ -63,7 +63,10 @@ def test_cli_converts_every_field(tmp_path: Path, capsys: pytest.CaptureFixture[
         assert t.agent.harness == "codex"
         assert t.builder.name == "prefix_merging"
         assert t.evaluator.name == "swe_tests"
-        assert t.evaluator.options == {"FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p}
+        want = {"FAIL_TO_PASS": f2p, "PASS_TO_PASS": p2p, "base_commit": s["base_commit"]}
+        if s.get("test_patch"):
+            want["test_patch"] = s["test_patch"]  # server side only: the Gym row above never carries it
+        assert t.evaluator.options == want
         assert t.session.refresh_runtime is True
         md = t.metadata.model_dump()
         assert md["group_id"] == md["instance_id"] == s["instance_id"]
