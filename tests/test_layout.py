@@ -282,11 +282,7 @@ def test_every_module_opens_with_a_docstring() -> None:
 
 # Modules still over the limit while another engineer's part of issue 18 is in flight: each is a strict xfail, so
 # the test turns red (XPASS) the moment the split lands and the entry must go.
-PENDING_SIZE: dict[str, str] = {
-    "nemo_polar/rollout/gateway.py": "issue 18 part 2 (engineer 18-B1): the stack; gateway.py grew with it",
-    "nemo_polar/rollout/server.py": "issue 18 part 2 (engineer 18-B1): the stack and service auth",
-    "credit/shell.py": "not assigned yet (lead): the shell-command analyser needs a split",
-}
+PENDING_SIZE: dict[str, str] = {}
 
 
 def test_every_module_is_under_600_lines() -> None:

@@ -38,6 +38,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from nemo_polar.rollout.auth import auth_headers, auth_middleware, check_bind, resolve_secret
+from nemo_polar.rollout.busy import BusyMeter
 from nemo_polar.rollout.proxylink import ProxyLink
 from nemo_polar.rollout.retry import Backoff, retry
 from nemo_polar.rollout.spec import TaskSpec
@@ -77,48 +78,6 @@ class GatewayConfig:
                 raise ValueError(f"{name} must be >= 1")
 
 
-class _BusyMeter:
-    """Integrates busy run slots over time (for the busy fraction and the staging benchmark)."""
-
-    def __init__(self) -> None:
-        self.busy = 0
-        self.area = 0.0
-        self.t0 = time.monotonic()
-        self._last = self.t0
-        self.first_start: float | None = None
-        self.last_end: float | None = None
-        self.intervals: list[tuple[float, float]] = []  # (start, end) of each agent run, monotonic seconds
-        self._open: dict[int, float] = {}
-
-    def change(self, delta: int) -> None:
-        now = time.monotonic()
-        self.area += self.busy * (now - self._last)
-        self._last = now
-        self.busy += delta
-        if delta > 0 and self.first_start is None:
-            self.first_start = now
-        if delta < 0:
-            self.last_end = now
-
-    def run_started(self, key: int) -> None:
-        self._open[key] = time.monotonic()
-        self.change(+1)
-
-    def run_ended(self, key: int) -> None:
-        self.change(-1)
-        self.intervals.append((self._open.pop(key), time.monotonic()))
-
-    def occupancy(self, start: float, end: float, slots: int) -> float:
-        """Busy run-slot time inside [start, end] / (slots x (end - start))."""
-        if end <= start:
-            return 0.0
-        busy = sum(max(0.0, min(b, end) - max(a, start)) for a, b in self.intervals)
-        return busy / (slots * (end - start))
-
-    def area_now(self) -> float:
-        return self.area + self.busy * (time.monotonic() - self._last)
-
-
 def _reap_containers(work_dir: str) -> None:
     from nemo_polar.runtime.container import gateway_owner, reap
 
@@ -150,7 +109,7 @@ class Gateway:
         self._init_q: asyncio.Queue[Job] = asyncio.Queue()
         self._ready_q: asyncio.Queue[Job] = asyncio.Queue(maxsize=config.ready_buffer)
         self._post_q: asyncio.Queue[Job] = asyncio.Queue()
-        self.meter = _BusyMeter()
+        self.meter = BusyMeter()
         self.finished: dict[str, int] = {}
         self.rejected = 0
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -174,7 +133,7 @@ class Gateway:
         self._http = aiohttp.ClientSession(json_serialize=lambda o: orjson.dumps(o).decode())
         await asyncio.to_thread(Path(self.config.work_dir).mkdir, parents=True, exist_ok=True)
         await asyncio.to_thread(_reap_containers, self.config.work_dir)  # what a killed gateway here left running
-        self.meter = _BusyMeter()
+        self.meter = BusyMeter()
         c = self.config
         if c.staged:
             for _ in range(c.init_workers):

@@ -17,7 +17,7 @@ still running on its node (the node's heartbeats list it), or found lost and exp
 attempt (up to `max_attempts`) or failed with `failure_kind="node_lost"` — a sample never gets two results.
 Early stop: after `early_stop_after` usable results the rest of the task is cancelled. Callbacks: each result is
 POSTed to the task's `callback_url` with an `Idempotency-Key` header (the session id) until a 2xx arrives —
-at-least-once, journalled, with capped exponential backoff and jitter.
+at-least-once, journalled, with capped exponential backoff and jitter (`callbacks.py`).
 
 This module runs no agents (the gateway does) and keeps no state that is not in the journal except caches.
 """
@@ -39,6 +39,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from nemo_polar.rollout.auth import auth_headers, auth_middleware, check_bind, resolve_secret
+from nemo_polar.rollout.callbacks import callback_loop
 from nemo_polar.rollout.journal import Journal, SessionRow
 from nemo_polar.rollout.retry import Backoff
 from nemo_polar.rollout.spec import TaskSpec
@@ -119,7 +120,15 @@ class RolloutServer:
         if self.tasks:
             log.info("resumed %d running task(s) from %s", len(self.tasks), self.config.journal_path)
         self._http = aiohttp.ClientSession(json_serialize=_dumps)
-        loops = [asyncio.create_task(self._dispatch_loop()), asyncio.create_task(self._callback_loop())]
+        callbacks = callback_loop(
+            self.j,
+            self._http,
+            self._callbacks_wake,
+            tick_s=self.config.tick_s,
+            timeout_s=self.config.request_timeout_s,
+            backoff=self.config.callback_backoff,
+        )
+        loops = [asyncio.create_task(self._dispatch_loop()), asyncio.create_task(callbacks)]
         try:
             yield
         finally:
@@ -558,44 +567,6 @@ class RolloutServer:
         except (aiohttp.ClientError, TimeoutError) as exc:
             log.warning("dispatch of %s to %s: %s; the next heartbeat decides", row.session_id, node.node_id, exc)
             return "unknown"
-
-    # -- callbacks -------------------------------------------------------------------------------------------------
-
-    async def _callback_loop(self) -> None:
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._callbacks_wake.wait(), timeout=self.config.tick_s)
-            self._callbacks_wake.clear()
-            try:
-                due = self.j.due_callbacks(time.time())
-                if due:
-                    await asyncio.gather(*(self._deliver(*d) for d in due))
-            except Exception:
-                log.exception("callback round failed")
-
-    async def _deliver(self, key: str, url: str, body: bytes, attempts: int) -> None:
-        assert self._http is not None
-        error: str | None = None
-        try:
-            async with self._http.post(
-                url,
-                data=body,
-                headers={"Content-Type": "application/json", "Idempotency-Key": key},
-                timeout=aiohttp.ClientTimeout(total=self.config.request_timeout_s),
-            ) as resp:
-                if 200 <= resp.status < 300:
-                    self.j.callback_done(key, "delivered", attempts + 1, time.time(), None)
-                    return
-                error = f"HTTP {resp.status}"
-        except (aiohttp.ClientError, TimeoutError) as exc:
-            error = f"{type(exc).__name__}: {exc}"
-        backoff = self.config.callback_backoff
-        n = attempts + 1
-        if backoff.exhausted(n):
-            log.error("callback %s to %s failed %d times; giving up: %s", key, url, n, error)
-            self.j.callback_done(key, "failed", n, time.time(), error)
-        else:
-            self.j.callback_done(key, "pending", n, time.time() + backoff.delay(n - 1), error)
 
 
 def run(config: ServerConfig, *, host: str = "127.0.0.1", port: int = 8700) -> None:
