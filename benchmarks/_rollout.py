@@ -82,8 +82,8 @@ def example_task(name: str, harness: str, *, plan: str, task_id: str, builder: s
 
 
 class Stack:
-    """`nemo_polar.rollout.stack.start_stack` with one gateway of one run slot, and `routing` set on its proxy's
-    upstreams (`sticky` | `round_robin`; the stack config has no routing option, the proxy's `Upstreams` has).
+    """`nemo_polar.rollout.stack.start_stack` with one gateway of one run slot; `routing` is the stack's option
+    (`sticky` | `round_robin`: how its proxy spreads requests over the upstreams).
 
     `options`: `StackConfig` fields (upstreams, served_model, prefix_preserving, model_dir, eot_token_ids, …)."""
 
@@ -100,13 +100,13 @@ class Stack:
             init_workers=1,
             ready_buffer=1,
             heartbeat_s=0.2,
+            routing=self.routing,
             **self.options,
         )
         self.stack = await start_stack(cfg)
         self.server_url = self.stack.server_url
         proxy = self.stack.proxy
         assert proxy is not None and self.stack.gateway is not None, "the stack needs an upstream and a gateway"
-        proxy.proxy.upstreams.routing = self.routing  # read per request by Upstreams.order
         self.proxy = proxy
         self.gw = self.stack.gateway
         self.marks: dict[str, dict[str, float]] = {}

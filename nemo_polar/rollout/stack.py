@@ -68,6 +68,11 @@ class StackConfig(BaseModel):
     model_dir: str | None = Field(None, description="the model's folder (tokenizer + chat template) for splice")
     eot_token_ids: list[int] | None = Field(None, description="end-of-turn ids (splice and the trajectory builders)")
     sampling: dict[str, Any] = Field(default_factory=dict, description="sampling the proxy enforces")
+    routing: Literal["sticky", "round_robin"] = Field(
+        "sticky",
+        description="how the proxy spreads requests over several upstreams: sticky (a session stays on one; "
+        "prefix-cache reuse) | round_robin (each request to the next)",
+    )
 
     # -- the rollout server: hosted here, or joined by URL -----------------------------------------------------------
     serve_rollout: bool = Field(True, description="host the rollout server in this stack")
@@ -119,6 +124,7 @@ class StackConfig(BaseModel):
             store_dir=store_dir,
             served_model=self.served_model,
             sampling=dict(self.sampling),
+            routing=self.routing,
             prefix_preserving=self.prefix_preserving,
             model_dir=self.model_dir,
             eot_token_ids=list(self.eot_token_ids) if self.eot_token_ids else None,
@@ -256,7 +262,7 @@ async def start_stack(config: StackConfig) -> Stack:
 # the options a user chooses, per part of the stack a command runs; a CLI that runs a part exposes all of its
 # options (tests/rollout/test_stack.py checks every CLI and the Gym config against this table)
 OPTION_GROUPS: dict[str, tuple[str, ...]] = {
-    "proxy": ("upstreams", "served_model", "prefix_preserving", "model_dir", "eot_token_ids", "sampling"),
+    "proxy": ("upstreams", "served_model", "prefix_preserving", "model_dir", "eot_token_ids", "sampling", "routing"),
     "server": ("max_attempts", "node_timeout_s"),
     "gateway": ("init_workers", "ready_buffer", "run_slots", "postrun_workers", "gateways", "work_dir"),
 }
@@ -281,6 +287,14 @@ _FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
     "sampling": (
         "--sampling",
         {"default": None, "help": 'sampling the proxy enforces, JSON (e.g. {"temperature": 1})'},
+    ),
+    "routing": (
+        "--routing",
+        {
+            "choices": ("sticky", "round_robin"),
+            "default": "sticky",
+            "help": "several upstreams: sticky (each session stays on one; prefix-cache reuse) | round_robin",
+        },
     ),
     "max_attempts": ("--max-attempts", {"type": int, "default": 2, "help": "attempts per sample"}),
     "node_timeout_s": ("--node-timeout-s", {"type": float, "default": 60.0, "help": "gateway loss timeout"}),

@@ -84,15 +84,17 @@ def test_standalone_proxy_and_server_only_stacks(tmp_path: Path) -> None:
         async with await start_stack(
             StackConfig(
                 work_dir=str(tmp_path / "p"),
-                upstreams=[DEAD_UPSTREAM],
+                upstreams=[DEAD_UPSTREAM, "http://127.0.0.1:11"],
                 serve_rollout=False,
                 gateways=0,
                 prefix_preserving="nemo_rl",
                 sampling={"temperature": 0.5},
+                routing="round_robin",
             )
         ) as stack:
             assert stack.server_url is None and not stack.gateways and stack.proxy is not None
             assert stack.proxy.proxy.config.prefix_preserving == "nemo_rl"
+            assert stack.proxy.proxy.upstreams.routing == "round_robin"  # what Upstreams.order reads per request
             assert stack.proxy.proxy.config.sampling == {"temperature": 0.5}
             assert _port_open(stack.proxy.base_url)
             assert (tmp_path / "p" / "records.sqlite").exists()
@@ -200,6 +202,7 @@ CLIS: dict[tuple[str, ...], tuple[tuple[str, ...], dict[str, str], dict[str, str
         {"work_dir": "--out"},
         {
             "upstreams": "one upstream (--upstream) or the embedded backend",
+            "routing": "one upstream: there is nothing to route between",
             "gateways": "one gateway: RUN_DIR is the gateway's run directory (sessions/, records.sqlite)",
         },
     ),
@@ -241,6 +244,8 @@ SPLICE = [
     "1,2",
     "--sampling",
     '{"top_p": 0.9}',
+    "--routing",
+    "round_robin",
 ]
 
 
@@ -270,6 +275,7 @@ def test_rollout_clis_hand_every_option_to_the_stack(argv: list[str]) -> None:
     assert cfg.upstreams == ["http://u"] and cfg.run_slots == 3
     assert cfg.prefix_preserving == "splice" and cfg.model_dir == "/m" and cfg.eot_token_ids == [1, 2]
     assert cfg.sampling == {"top_p": 0.9}
+    assert cfg.routing == "round_robin" and cfg.proxy_config("d").routing == "round_robin"
     assert cfg.gateway_config(cfg.node_ids[0], None).builder_options["eot_token_ids"] == [1, 2]
 
 
@@ -356,11 +362,12 @@ def test_the_gym_config_has_a_field_for_every_option_and_they_reach_the_stack(tm
     fields.update(
         upstream_urls=["http://u/v1"], prefix_preserving="splice", model_dir="/m", eot_token_ids=[3], run_slots=4
     )
-    fields.update(gateways=2, max_attempts=3, sampling={"temperature": 1.0})
+    fields.update(gateways=2, max_attempts=3, sampling={"temperature": 1.0}, routing="round_robin")
     cfg = ps.stack_config(str(tmp_path), fields)
     assert cfg.upstreams == ["http://u/v1"] and cfg.prefix_preserving == "splice" and cfg.model_dir == "/m"
     assert cfg.run_slots == 4 and cfg.gateways == 2 and cfg.max_attempts == 3 and cfg.node_timeout_s == 300
     assert cfg.node_ids == ["polar_swe-0", "polar_swe-1"] and cfg.sampling == {"temperature": 1.0}
+    assert cfg.routing == "round_robin" and ps.stack_config(str(tmp_path), {}).routing == "sticky"
 
 
 def test_the_gym_stack_starts_lazily_with_the_seed_upstream_and_stops(tmp_path: Path) -> None:

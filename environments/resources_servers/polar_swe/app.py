@@ -63,6 +63,9 @@ class PolarSweResourcesServerConfig(BaseResourcesServerConfig):
     model_dir: str | None = Field(default=None, description="model directory (tokenizer + chat template) for splice")
     eot_token_ids: list[int] | None = None
     sampling: dict[str, Any] = Field(default_factory=dict, description="sampling the proxy enforces")
+    routing: Literal["sticky", "round_robin"] = Field(
+        default="sticky", description="several upstreams: sticky (a session stays on one) | round_robin"
+    )
     init_workers: int = 2
     ready_buffer: int = 2
     run_slots: int = 2
