@@ -39,23 +39,26 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def _serve(upstream: str, work: str, port_file: str) -> None:
-    """The gateway node process: Gateway + hosted proxy, like `polar rollout serve-gateway --upstream`."""
+    """The gateway node process: a one-gateway stack with its hosted proxy and no rollout server, as
+    `polar rollout serve-gateway --upstream` starts it (`nemo_polar.rollout.stack.start_stack`)."""
     sys.path.insert(0, str(REPO))
-    from nemo_polar.proxy.app import ProxyConfig
-    from nemo_polar.rollout.gateway import Gateway, GatewayConfig
-    from nemo_polar.rollout.proxylink import HostedProxy
+    from nemo_polar.rollout.stack import StackConfig, start_stack
+
+    os.environ["POLAR_CONTROL_TOKEN"] = po.CONTROL  # the proxy's admin token (the stack has no option for it)
 
     async def main() -> None:
-        cfg = ProxyConfig(upstreams=[upstream], store_dir=work, served_model="fake-model", control_token=po.CONTROL)
-        proxy = await HostedProxy(cfg).start()
-        gw = Gateway(GatewayConfig(node_id="bench", work_dir=work, model="fake-model"), proxy=proxy)
-        await gw.serve("127.0.0.1", 0)
-        await asyncio.to_thread(Path(port_file).write_text, proxy.base_url)
-        try:
+        cfg = StackConfig(
+            work_dir=work,
+            upstreams=[upstream],
+            served_model="fake-model",
+            serve_rollout=False,
+            gateways=1,
+            node_ids=["bench"],
+        )
+        async with await start_stack(cfg) as stack:
+            assert stack.proxy is not None
+            await asyncio.to_thread(Path(port_file).write_text, stack.proxy.base_url)
             await asyncio.Event().wait()
-        finally:
-            await gw.close()
-            await proxy.stop()
 
     asyncio.run(main())
 
