@@ -38,7 +38,6 @@ from nemo_polar.credit.counterfactual import Alternative, CounterfactualRequest
 from nemo_polar.credit.counterfactual_rollout import RolloutRunner
 
 from nemo_polar import examples
-from nemo_polar.backend.server import free_port
 from nemo_polar.rollout.spec import TaskSpec
 from nemo_polar.types import CompletionRecord, SessionResult
 from polar_lab.credit_sim.fidelity import spearman
@@ -90,29 +89,22 @@ def example_task(name: str) -> TaskSpec:
 
 
 async def _measure(names: tuple[str, ...], work: Path, upstream: str | None, model: str) -> dict[str, Any]:
-    from aiohttp import web
-
-    from nemo_polar.proxy.app import ProxyConfig
     from nemo_polar.rollout.client import PolarClient
-    from nemo_polar.rollout.gateway import Gateway, GatewayConfig
-    from nemo_polar.rollout.proxylink import HostedProxy
-    from nemo_polar.rollout.server import RolloutServer, ServerConfig
+    from nemo_polar.rollout.stack import StackConfig, start_stack
     from polar_lab.fake_upstream import FakeUpstream
 
     fake = None if upstream else await FakeUpstream().start()
     url = upstream or (fake.base_url if fake else "")
-    proxy = await HostedProxy(ProxyConfig(upstreams=[url], store_dir=str(work / "proxy"), served_model=model)).start()
-    server = RolloutServer(ServerConfig(journal_path=str(work / "rollout.sqlite")))
-    app_runner = web.AppRunner(server.make_app(), access_log=None)
-    await app_runner.setup()
-    port = free_port()
-    await web.TCPSite(app_runner, "127.0.0.1", port).start()
-    server_url = f"http://127.0.0.1:{port}"
-    gw = Gateway(
-        GatewayConfig(work_dir=str(work / "gw"), server_url=server_url, heartbeat_s=0.5, model=model, run_slots=3),
-        proxy=proxy,
-    )
-    await gw.serve()
+    try:
+        stack = await start_stack(
+            StackConfig(work_dir=str(work), upstreams=[url], served_model=model, heartbeat_s=0.5, run_slots=3)
+        )
+    except BaseException:
+        if fake is not None:
+            await fake.stop()
+        raise
+    proxy, server_url = stack.proxy, stack.server_url
+    assert proxy is not None and server_url is not None
     try:
         tasks = [example_task(n) for n in names]
         async with PolarClient(server_url, poll_wait_s=5) as client:
@@ -139,9 +131,7 @@ async def _measure(names: tuple[str, ...], work: Path, upstream: str | None, mod
         deltas = await asyncio.gather(*(delta(results[i], records[i], k) for i, k in jobs))
         return {"results": results, "records": records, "jobs": jobs, "deltas": deltas}
     finally:
-        await gw.close()
-        await app_runner.cleanup()
-        await proxy.stop()
+        await stack.close()
         if fake is not None:
             await fake.stop()
 
