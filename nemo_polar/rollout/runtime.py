@@ -20,7 +20,7 @@ import shutil
 import signal
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, Protocol, runtime_checkable
@@ -28,7 +28,15 @@ from typing import IO, Any, Protocol, runtime_checkable
 from nemo_polar.errors import PolarError
 from nemo_polar.rollout.spec import RuntimeSpec
 
-__all__ = ["ExecResult", "LocalRuntime", "Runtime", "RuntimeSetupError", "SandboxRuntime", "create_runtime"]
+__all__ = [
+    "ExecResult",
+    "LocalRuntime",
+    "Runtime",
+    "RuntimeSetupError",
+    "SandboxRuntime",
+    "create_runtime",
+    "run_command",
+]
 
 _TAIL = 64 * 1024
 _GIT_EXCLUDES = "__pycache__/\n*.pyc\n.pytest_cache/\n.polar/\n"
@@ -181,6 +189,17 @@ class LocalRuntime:
         head = await self._git("rev-parse", "HEAD")
         self._base_sha = head.stdout.strip()
 
+    def command_env(
+        self, command: str | Sequence[str], env: Mapping[str, str] | None, **overrides: str
+    ) -> tuple[list[str], dict[str, str]]:
+        """The argv of one `exec` (a string runs under `/bin/sh -c`) and its environment: `base_env()`, then the
+        runtime's own `overrides` (a sandbox's TMPDIR), then the caller's `env`."""
+        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        full_env = self.base_env()
+        full_env.update(overrides)
+        full_env.update(env or {})
+        return argv, full_env
+
     async def exec(
         self,
         command: str | Sequence[str],
@@ -199,51 +218,20 @@ class LocalRuntime:
         env: Mapping[str, str] | None = None,
         stdout_path: Path | None = None,
     ) -> ExecResult:
-        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
-        full_env = self.base_env()
-        full_env.update(env or {})
-        out_file = _open_log(stdout_path) if stdout_path is not None else None
-        t0 = time.monotonic()
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                cwd=self.workdir,
-                env=full_env,
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out_file if out_file is not None else asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT if out_file is not None else asyncio.subprocess.PIPE,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            if out_file is not None:
-                out_file.close()
-            return ExecResult(None, "", f"cannot start {argv[0]!r}: {exc}", False, time.monotonic() - t0)
-        self._groups.add(proc.pid)
-        timed_out = False
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)
-        except TimeoutError:
-            timed_out = True
+        argv, full_env = self.command_env(command, env)
+
+        async def kill(proc: asyncio.subprocess.Process) -> None:
             _kill_group(proc.pid)
-            out, err = await proc.communicate()
-        except BaseException:  # cancellation: kill the whole tree, then re-raise
-            _kill_group(proc.pid)
-            with contextlib.suppress(Exception):
-                await asyncio.shield(proc.wait())
-            raise
-        finally:
-            if out_file is not None:
-                out_file.close()
-            _kill_group(proc.pid)  # leftovers the command backgrounded
-            self._groups.discard(proc.pid)
-        if stdout_path is not None:
-            out = _tail_bytes(stdout_path)
-        return ExecResult(
-            proc.returncode,
-            (out or b"").decode(errors="replace")[-_TAIL:],
-            (err or b"").decode(errors="replace")[-_TAIL:],
-            timed_out,
-            time.monotonic() - t0,
+
+        return await run_command(
+            argv,
+            env=full_env,
+            cwd=self.workdir,
+            timeout_s=timeout_s,
+            stdout_path=stdout_path,
+            on_timeout=kill,
+            on_cancel=kill,
+            groups=self._groups,
         )
 
     async def write_file(self, rel: str, data: str | bytes, mode: int = 0o644) -> None:
@@ -268,6 +256,72 @@ class LocalRuntime:
             _kill_group(pgid)
         self._groups.clear()
         await asyncio.to_thread(shutil.rmtree, self.root, True)
+
+
+async def run_command(
+    argv: Sequence[str],
+    *,
+    env: Mapping[str, str],
+    timeout_s: float,
+    stdout_path: Path | None,
+    on_timeout: Callable[[asyncio.subprocess.Process], Awaitable[None]],
+    on_cancel: Callable[[asyncio.subprocess.Process], Awaitable[None]],
+    cwd: Path | None = None,
+    groups: set[int] | None = None,
+) -> ExecResult:
+    """Run `argv` in a new session (its own process group) with stdin closed, and wait at most `timeout_s`.
+
+    stdout and stderr are captured (their last 64 KiB kept), or, with `stdout_path`, both written to that file and
+    its tail returned as stdout. `on_timeout` stops the command when the time is up (its output so far is still
+    collected); `on_cancel` when the caller is cancelled (shielded, then the cancellation goes on). With `groups`,
+    the process group is registered there while it runs (the runtime's `destroy()` kills what is registered) and
+    killed when the command ends (what it backgrounded). A command that cannot start is an `ExecResult` with no exit
+    code, never an exception. Shared by the local, sandbox-free path and the container runtime's engine CLI."""
+    out_file = await asyncio.to_thread(_open_log, stdout_path) if stdout_path is not None else None
+    t0 = time.monotonic()
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            cwd=cwd,
+            env=dict(env),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=out_file if out_file is not None else asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT if out_file is not None else asyncio.subprocess.PIPE,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        if out_file is not None:
+            out_file.close()
+        return ExecResult(None, "", f"cannot start {argv[0]!r}: {exc}", False, time.monotonic() - t0)
+    if groups is not None:
+        groups.add(proc.pid)
+    timed_out = False
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)
+    except TimeoutError:
+        timed_out = True
+        await on_timeout(proc)
+        out, err = await proc.communicate()
+    except BaseException:  # cancellation: stop the command, then re-raise
+        await asyncio.shield(on_cancel(proc))
+        with contextlib.suppress(Exception):
+            await asyncio.shield(proc.wait())
+        raise
+    finally:
+        if out_file is not None:
+            out_file.close()
+        if groups is not None:
+            _kill_group(proc.pid)  # leftovers the command backgrounded
+            groups.discard(proc.pid)
+    if stdout_path is not None:
+        out = _tail_bytes(stdout_path)
+    return ExecResult(
+        proc.returncode,
+        (out or b"").decode(errors="replace")[-_TAIL:],
+        (err or b"").decode(errors="replace")[-_TAIL:],
+        timed_out,
+        time.monotonic() - t0,
+    )
 
 
 def _open_log(path: Path) -> IO[bytes]:
@@ -359,10 +413,7 @@ class SandboxRuntime(LocalRuntime):
         env: Mapping[str, str] | None = None,
         stdout_path: Path | None = None,
     ) -> ExecResult:
-        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
-        full_env = self.base_env()
-        full_env["TMPDIR"] = "/tmp"  # the sandbox has its own /tmp
-        full_env.update(env or {})
+        argv, full_env = self.command_env(command, env, TMPDIR="/tmp")  # the sandbox has its own /tmp
         stderr_path = stdout_path.with_name(stdout_path.stem + ".stderr.log") if stdout_path is not None else None
         res = await self._sandbox.run(
             argv, env=full_env, timeout_s=timeout_s, stdout_path=stdout_path, stderr_path=stderr_path
@@ -401,7 +452,5 @@ async def create_runtime(
 
         if owner is None:
             owner = gateway_owner(hidden[0] if hidden else root)
-        return await ContainerRuntime.create_container(
-            session_id, spec, root, proxy_port=proxy_port or 9, owner=owner
-        )
+        return await ContainerRuntime.create_container(session_id, spec, root, proxy_port=proxy_port or 9, owner=owner)
     raise RuntimeSetupError(f"runtime kind {spec.kind!r} is not available on this gateway (local, docker, podman)")

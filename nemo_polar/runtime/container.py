@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import io
 import json
@@ -39,12 +40,12 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from nemo_polar.rollout.runtime import ExecResult, LocalRuntime, RuntimeSetupError
+from nemo_polar.rollout.runtime import ExecResult, LocalRuntime, RuntimeSetupError, run_command
 from nemo_polar.rollout.spec import RuntimeSpec
 from nemo_polar.runtime.engines import Engine, EngineError, get_engine
-from nemo_polar.runtime.sandbox import AGENT_HOME, RELAY_SCRIPT, host_cache_root
+from nemo_polar.runtime.sandbox import AGENT_HOME, RELAY_SCRIPT, RelayForwarder, host_cache_root
 
 __all__ = ["CTL_DIR", "ContainerRuntime", "gateway_owner", "image_workdir", "reap"]
 
@@ -56,8 +57,6 @@ DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # SWE-bench / SWE-Gym images keep the task's Python in this conda env (activated by their eval scripts)
 SWEBENCH_ENV_BIN = "/opt/miniconda3/envs/testbed/bin"
 PIDS_LIMIT = 4096
-_TAIL = 64 * 1024
-_CHUNK = 64 * 1024
 _LABEL = "polar.owner"
 _PY_FIND = (  # the relay runs on the image's own Python
     "for p in python3 /opt/miniconda3/bin/python3 /usr/bin/python3; do "
@@ -152,9 +151,7 @@ class ContainerRuntime(LocalRuntime):
         self.path = DEFAULT_PATH
         self.start_s = 0.0
         self._ctl: Path | None = None
-        self._server: asyncio.Server | None = None
-        self._conns: set[asyncio.Task[None]] = set()
-        self.forwarded = 0
+        self._relay = RelayForwarder("127.0.0.1", proxy_port)
 
     @property
     def agent_workdir(self) -> str:
@@ -224,7 +221,7 @@ class ContainerRuntime(LocalRuntime):
         self._ctl = Path(tempfile.mkdtemp(prefix="polar-ctr-"))
         shutil.copy2(RELAY_SCRIPT, self._ctl / "relay.py")
         (self._ctl / "connect.jsonl").touch()
-        self._server = await asyncio.start_unix_server(self._forward, path=str(self._ctl / "relay.sock"))
+        await self._relay.start(self._ctl / "relay.sock")
         os.chmod(self._ctl / "relay.sock", 0o777)
         name = f"polar-{hashlib.sha256(self.session_id.encode()).hexdigest()[:10]}-{uuid.uuid4().hex[:6]}"
         spec = self.spec
@@ -271,22 +268,10 @@ class ContainerRuntime(LocalRuntime):
         res = await self.engine.run("inspect", "--format", "{{.State.Running}}", self.container, timeout_s=30)
         return res.ok and res.stdout.strip() == "true"
 
-    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._conns.add(task)
-            task.add_done_callback(self._conns.discard)
-        try:
-            up_r, up_w = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", self.proxy_port), 10.0)
-        except (OSError, TimeoutError):
-            writer.close()
-            return
-        self.forwarded += 1
-        try:
-            await asyncio.gather(_pipe(reader, up_w), _pipe(up_r, writer))
-        finally:
-            up_w.close()
-            writer.close()
+    @property
+    def forwarded(self) -> int:
+        """Connections the host side passed on to the proxy."""
+        return self._relay.forwarded
 
     def connections(self) -> list[dict[str, Any]]:
         """The in-container relay's connect trace (the host-side `forwarded` count is the one it cannot touch)."""
@@ -310,64 +295,37 @@ class ContainerRuntime(LocalRuntime):
     ) -> ExecResult:
         if self.engine is None or self.container is None:
             return ExecResult(None, "", "the container is gone", False, 0.0)
-        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
-        full_env = self.base_env()
-        full_env["TMPDIR"] = "/tmp"
-        full_env["PATH"] = self.spec.env.get("PATH", self.path)
-        full_env.update(env or {})
+        argv, full_env = self.command_env(command, env, TMPDIR="/tmp", PATH=self.spec.env.get("PATH", self.path))
         marker = uuid.uuid4().hex
         full_env["POLAR_EXEC"] = marker  # every process of this command carries it: a timeout kills them all
         env_args: list[str] = []
         for k, v in full_env.items():
             env_args += ["-e", f"{k}={v}"]
         cli = self.engine.argv("exec", "-i", *env_args, "-w", self.container_workdir, self.container, *argv)
-        out_file = await asyncio.to_thread(_open_log, stdout_path) if stdout_path is not None else None
-        t0 = time.monotonic()
-        try:
-            proc = await asyncio.create_subprocess_exec(
-                *cli,
-                env=self.engine.environ(),
-                stdin=asyncio.subprocess.DEVNULL,
-                stdout=out_file if out_file is not None else asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT if out_file is not None else asyncio.subprocess.PIPE,
-                start_new_session=True,
-            )
-        except OSError as exc:
-            if out_file is not None:
-                out_file.close()
-            return ExecResult(None, "", f"cannot start {cli[0]!r}: {exc}", False, time.monotonic() - t0)
-        timed_out = False
-        try:
-            out, err = await asyncio.wait_for(proc.communicate(), timeout=timeout_s)
-        except TimeoutError:
-            timed_out = True
+
+        async def on_timeout(proc: asyncio.subprocess.Process) -> None:
             await self._kill_marked(marker)
-            out, err = await proc.communicate()
-        except BaseException:
-            await asyncio.shield(self._kill_marked(marker))
+
+        async def on_cancel(proc: asyncio.subprocess.Process) -> None:
+            await self._kill_marked(marker)
             with contextlib.suppress(ProcessLookupError):
                 proc.kill()
-            with contextlib.suppress(Exception):
-                await asyncio.shield(proc.wait())
-            raise
-        finally:
-            if out_file is not None:
-                out_file.close()
-        if stdout_path is not None:
-            out = _tail_file(stdout_path)
-        code = proc.returncode
-        if code in (126, 127) and not timed_out and stdout_path is None:
+
+        res = await run_command(
+            cli,
+            env=self.engine.environ(),
+            timeout_s=timeout_s,
+            stdout_path=stdout_path,
+            on_timeout=on_timeout,
+            on_cancel=on_cancel,
+        )
+        code = res.exit_code
+        if code in (126, 127) and not res.timed_out and stdout_path is None:
             # the engine could not start the command in the container (not the command's own status)
-            text = (out or b"").decode(errors="replace") + (err or b"").decode(errors="replace")
+            text = res.stdout + res.stderr
             if "executable file not found" in text or "OCI runtime exec failed" in text:
                 code = None
-        return ExecResult(
-            None if timed_out else code,
-            (out or b"").decode(errors="replace")[-_TAIL:],
-            (err or b"").decode(errors="replace")[-_TAIL:],
-            timed_out,
-            time.monotonic() - t0,
-        )
+        return dataclasses.replace(res, exit_code=None if res.timed_out else code)
 
     async def _kill_marked(self, marker: str) -> None:
         """Kill every process in the container started by one `exec` (they all carry its POLAR_EXEC marker)."""
@@ -389,31 +347,11 @@ class ContainerRuntime(LocalRuntime):
                 res = await asyncio.shield(engine.run("rm", "-f", "-v", container, timeout_s=120))
                 if not res.ok:
                     log.warning("removing container %s: %s", container, res.stderr.strip()[-500:])
-        if self._server is not None:
-            self._server.close()
-            with contextlib.suppress(Exception):
-                await self._server.wait_closed()
-            self._server = None
-        for task in list(self._conns):
-            task.cancel()
-        await asyncio.gather(*self._conns, return_exceptions=True)
+        await self._relay.close()
         if self._ctl is not None:
             shutil.rmtree(self._ctl, ignore_errors=True)
             self._ctl = None
         await super().destroy()
-
-
-async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-    try:
-        while data := await reader.read(_CHUNK):
-            writer.write(data)
-            await writer.drain()
-    except (ConnectionError, OSError):
-        pass
-    finally:
-        with contextlib.suppress(OSError, RuntimeError):
-            if writer.can_write_eof():
-                writer.write_eof()
 
 
 def _tini() -> str:
@@ -421,11 +359,6 @@ def _tini() -> str:
     if init is None:
         raise RuntimeSetupError("tini-static is not installed (apt-get install tini, or `make deps`)")
     return os.path.realpath(init)
-
-
-def _open_log(path: Path) -> IO[bytes]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    return open(path, "wb")
 
 
 def _publish(tmp: Path, cache: Path) -> None:
@@ -452,10 +385,3 @@ def _untar(data: bytes, dest: Path, top: str) -> None:
         raw.rmdir()
     else:
         raw.rename(dest)
-
-
-def _tail_file(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        f.seek(max(0, f.tell() - _TAIL))
-        return f.read()

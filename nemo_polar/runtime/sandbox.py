@@ -39,6 +39,7 @@ from nemo_polar.errors import PolarError
 __all__ = [
     "AGENT_HOME",
     "AGENT_WORKDIR",
+    "RelayForwarder",
     "Sandbox",
     "SandboxError",
     "SandboxResult",
@@ -141,6 +142,49 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
                 writer.write_eof()
 
 
+class RelayForwarder:
+    """The host side of the relay (used by the sandbox and by the container runtime): a unix socket whose every
+    connection is piped to the proxy at `host:port`. `forwarded` counts the connections passed on, the number a
+    sandboxed command cannot touch; `close()` stops listening and cancels the connections still open."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host = host
+        self.port = port
+        self.forwarded = 0
+        self._server: asyncio.Server | None = None
+        self._conns: set[asyncio.Task[None]] = set()
+
+    async def start(self, path: Path) -> None:
+        self._server = await asyncio.start_unix_server(self._forward, path=str(path))
+
+    async def close(self) -> None:
+        if self._server is not None:
+            server, self._server = self._server, None
+            server.close()
+            with contextlib.suppress(Exception):
+                await server.wait_closed()
+        for task in list(self._conns):
+            task.cancel()
+        await asyncio.gather(*self._conns, return_exceptions=True)
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._conns.add(task)
+            task.add_done_callback(self._conns.discard)
+        try:
+            up_r, up_w = await asyncio.wait_for(asyncio.open_connection(self.host, self.port), _CONNECT_TIMEOUT_S)
+        except (OSError, TimeoutError):
+            writer.close()
+            return
+        self.forwarded += 1
+        try:
+            await asyncio.gather(_pipe(reader, up_w), _pipe(up_r, writer))
+        finally:
+            up_w.close()
+            writer.close()
+
+
 def _tail(path: Path) -> str:
     if not path.exists():
         return ""
@@ -203,9 +247,7 @@ class Sandbox:
             raise SandboxError("this host has no /home to mount the agent's home under: use a path under /tmp")
         self._bwrap = bwrap_available()
         self._ctl: Path | None = None
-        self._server: asyncio.Server | None = None
-        self._conns: set[asyncio.Task[None]] = set()
-        self.forwarded = 0
+        self._relay = RelayForwarder(spec.proxy_host, spec.proxy_port)
 
     async def __aenter__(self) -> Sandbox:
         if self._bwrap is None:
@@ -215,41 +257,22 @@ class Sandbox:
                 raise SandboxError(f"{p} must be an existing absolute directory")
         self._ctl = Path(tempfile.mkdtemp(prefix="polar-sandbox-"))
         (self._ctl / "connect.jsonl").touch()  # bound writable into the read-only control directory
-        self._server = await asyncio.start_unix_server(self._forward, path=str(self._ctl / "relay.sock"))
+        await self._relay.start(self._ctl / "relay.sock")
         return self
 
+    @property
+    def forwarded(self) -> int:
+        """Connections the host side passed on to the proxy."""
+        return self._relay.forwarded
+
     async def __aexit__(self, *exc: object) -> None:
-        if self._server is not None:
-            self._server.close()
-            await self._server.wait_closed()
-        for task in list(self._conns):
-            task.cancel()
-        await asyncio.gather(*self._conns, return_exceptions=True)
+        await self._relay.close()
         if self._ctl is not None:
             shutil.rmtree(self._ctl, ignore_errors=True)
 
     def _inner_roots(self) -> list[str]:
         inner = [p for p in (self.spec.workdir_at, self.spec.home_at) if p]
         return [r for r in _INNER_ROOTS if any(p.startswith(r + "/") for p in inner)]
-
-    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        if task is not None:
-            self._conns.add(task)
-            task.add_done_callback(self._conns.discard)
-        try:
-            up_r, up_w = await asyncio.wait_for(
-                asyncio.open_connection(self.spec.proxy_host, self.spec.proxy_port), _CONNECT_TIMEOUT_S
-            )
-        except (OSError, TimeoutError):
-            writer.close()
-            return
-        self.forwarded += 1
-        try:
-            await asyncio.gather(_pipe(reader, up_w), _pipe(up_r, writer))
-        finally:
-            up_w.close()
-            writer.close()
 
     def bwrap_argv(self, argv: Sequence[str], env: Mapping[str, str], info_fd: int | None = None) -> list[str]:
         """The full bubblewrap command line for `argv` (exposed for inspection and tests)."""
