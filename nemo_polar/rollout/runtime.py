@@ -176,7 +176,7 @@ class LocalRuntime:
 
     async def _git(self, *args: str, timeout_s: float = 60.0) -> ExecResult:
         argv = ["git", "-c", "user.name=polar", "-c", "user.email=polar@localhost", "-c", "commit.gpgsign=false"]
-        return await self._host_exec([*argv, *args], timeout_s=timeout_s)  # bookkeeping: never sandboxed
+        return await self._host_run([*argv, *args], self.base_env(), timeout_s, None)  # bookkeeping: never sandboxed
 
     async def _baseline(self) -> None:
         for step in (("init", "-q"), ("add", "-A"), ("commit", "-q", "--allow-empty", "-m", "polar baseline")):
@@ -189,16 +189,10 @@ class LocalRuntime:
         head = await self._git("rev-parse", "HEAD")
         self._base_sha = head.stdout.strip()
 
-    def command_env(
-        self, command: str | Sequence[str], env: Mapping[str, str] | None, **overrides: str
-    ) -> tuple[list[str], dict[str, str]]:
-        """The argv of one `exec` (a string runs under `/bin/sh -c`) and its environment: `base_env()`, then the
-        runtime's own `overrides` (a sandbox's TMPDIR), then the caller's `env`."""
-        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
-        full_env = self.base_env()
-        full_env.update(overrides)
-        full_env.update(env or {})
-        return argv, full_env
+    def exec_env(self) -> dict[str, str]:
+        """What this runtime sets over `base_env()` for every `exec` (a sandbox's own /tmp); the caller's `env` goes
+        over it. None on the host."""
+        return {}
 
     async def exec(
         self,
@@ -208,24 +202,28 @@ class LocalRuntime:
         env: Mapping[str, str] | None = None,
         stdout_path: Path | None = None,
     ) -> ExecResult:
-        return await self._host_exec(command, timeout_s=timeout_s, env=env, stdout_path=stdout_path)
+        """Run `command` (a string runs under `/bin/sh -c`) with `base_env()`, `exec_env()` and `env` over each other,
+        through this runtime's `_run` (a host process here; a sandbox or container in the subclasses)."""
+        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        full_env = self.base_env()
+        full_env.update(self.exec_env())
+        full_env.update(env or {})
+        return await self._run(argv, full_env, timeout_s, stdout_path)
 
-    async def _host_exec(
-        self,
-        command: str | Sequence[str],
-        *,
-        timeout_s: float,
-        env: Mapping[str, str] | None = None,
-        stdout_path: Path | None = None,
+    async def _run(
+        self, argv: list[str], env: dict[str, str], timeout_s: float, stdout_path: Path | None
     ) -> ExecResult:
-        argv, full_env = self.command_env(command, env)
+        return await self._host_run(argv, env, timeout_s, stdout_path)
 
+    async def _host_run(
+        self, argv: list[str], env: dict[str, str], timeout_s: float, stdout_path: Path | None
+    ) -> ExecResult:
         async def kill(proc: asyncio.subprocess.Process) -> None:
             _kill_group(proc.pid)
 
         return await run_command(
             argv,
-            env=full_env,
+            env=env,
             cwd=self.workdir,
             timeout_s=timeout_s,
             stdout_path=stdout_path,
@@ -405,18 +403,15 @@ class SandboxRuntime(LocalRuntime):
             raise
         return rt
 
-    async def exec(
-        self,
-        command: str | Sequence[str],
-        *,
-        timeout_s: float,
-        env: Mapping[str, str] | None = None,
-        stdout_path: Path | None = None,
+    def exec_env(self) -> dict[str, str]:
+        return {"TMPDIR": "/tmp"}  # the sandbox has its own /tmp
+
+    async def _run(
+        self, argv: list[str], env: dict[str, str], timeout_s: float, stdout_path: Path | None
     ) -> ExecResult:
-        argv, full_env = self.command_env(command, env, TMPDIR="/tmp")  # the sandbox has its own /tmp
         stderr_path = stdout_path.with_name(stdout_path.stem + ".stderr.log") if stdout_path is not None else None
         res = await self._sandbox.run(
-            argv, env=full_env, timeout_s=timeout_s, stdout_path=stdout_path, stderr_path=stderr_path
+            argv, env=env, timeout_s=timeout_s, stdout_path=stdout_path, stderr_path=stderr_path
         )
         return ExecResult(res.exit_code, res.stdout, res.stderr, res.timed_out, res.duration_s)
 

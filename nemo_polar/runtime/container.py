@@ -38,7 +38,7 @@ import tarfile
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -285,17 +285,15 @@ class ContainerRuntime(LocalRuntime):
 
     # -- commands --------------------------------------------------------------------------------------------------
 
-    async def exec(
-        self,
-        command: str | Sequence[str],
-        *,
-        timeout_s: float,
-        env: Mapping[str, str] | None = None,
-        stdout_path: Path | None = None,
+    def exec_env(self) -> dict[str, str]:
+        return {"TMPDIR": "/tmp", "PATH": self.spec.env.get("PATH", self.path)}
+
+    async def _run(
+        self, argv: list[str], env: dict[str, str], timeout_s: float, stdout_path: Path | None
     ) -> ExecResult:
         if self.engine is None or self.container is None:
             return ExecResult(None, "", "the container is gone", False, 0.0)
-        argv, full_env = self.command_env(command, env, TMPDIR="/tmp", PATH=self.spec.env.get("PATH", self.path))
+        full_env = dict(env)
         marker = uuid.uuid4().hex
         full_env["POLAR_EXEC"] = marker  # every process of this command carries it: a timeout kills them all
         env_args: list[str] = []
