@@ -22,7 +22,7 @@ import contextlib
 import logging
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -387,15 +387,7 @@ def _embedded(model: str) -> Iterator[Upstream]:
         yield Upstream(llm.base_url, llm.model, str(llm.model_dir), tuple(llm.eot_token_ids), "splice")
 
 
-async def _main(
-    tasks: Sequence[TaskSpec],
-    opts: CollectOptions,
-    upstream: Upstream | None,
-    done: set[str],
-    on_result: ResultHook,
-    on_stages: Callable[[dict[str, int]], None] | None,
-    stop: asyncio.Event,
-) -> list[SessionResult]:
+async def _main(run: Callable[[], Awaitable[list[SessionResult]]], stop: asyncio.Event) -> list[SessionResult]:
     # Ctrl-C and SIGTERM end the run: cancel (whatever is being awaited) and set the stop event (checked by the
     # main wait even if a cancellation is swallowed somewhere), kill the agents, close the stores; re-run to resume
     me = asyncio.current_task()
@@ -412,7 +404,7 @@ async def _main(
             loop.add_signal_handler(sig, on_signal)
             installed.append(sig)
     try:
-        return await _run_service(tasks, opts, upstream, done, on_result, on_stages, stop)
+        return await run()
     finally:
         for sig in installed:
             loop.remove_signal_handler(sig)
@@ -449,7 +441,8 @@ def collect(
             report.upstream = up
             stop = asyncio.Event()
             try:
-                return asyncio.run(_main(tasks, opts, up, done, on_result or (lambda r, g: None), on_stages, stop))
+                hook = on_result or (lambda r, g: None)
+                return asyncio.run(_main(lambda: _run_service(tasks, opts, up, done, hook, on_stages, stop), stop))
             except (asyncio.CancelledError, _Stopped):
                 if stop.is_set():  # a signal: the caller sees the usual Ctrl-C
                     raise KeyboardInterrupt from None
