@@ -32,7 +32,7 @@ from nemo_polar.proxy.engines.base import Engine, EngineCall, Generation, Upstre
 from nemo_polar.proxy.generation import CallContext, Generator, plan_kind
 from nemo_polar.proxy.normalized import ChatRequest, ProviderError, RouteMatch
 from nemo_polar.proxy.sessions import Classifier, Session, SessionManager
-from nemo_polar.proxy.store import RecordStore
+from nemo_polar.proxy.store import RecordStore, StoreWriteError
 from nemo_polar.proxy.streaming import reply_stream
 from nemo_polar.types import CallKind, CompletionRecord
 
@@ -40,6 +40,7 @@ __all__ = ["Proxy", "ProxyConfig", "run"]
 
 log = logging.getLogger(__name__)
 
+STORE_RETRY_AFTER_S = 2.0  # a full disk is not freed at once
 _SAMPLING_OVERRIDES = ("temperature", "top_p", "top_k", "seed")
 _KINDS = {
     400: "invalid_request",
@@ -171,6 +172,9 @@ class Proxy:
         except ProviderError as e:
             log.info("%d %s %s: %s", e.status, request.method, request.path, e.message)
             err = e
+        except StoreWriteError as e:  # disk full / I/O error: ours, retryable, answered in the caller's shape
+            log.warning("503 %s %s: %s", request.method, request.path, e)
+            err = ProviderError(503, "overloaded", f"{e}; retry later", retry_after_s=STORE_RETRY_AFTER_S)
         return self._error_response(dialects.error_dialect(request.path), err)
 
     # -- small routes ----------------------------------------------------------------------------------------------

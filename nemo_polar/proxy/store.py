@@ -65,6 +65,10 @@ class StoreClosed(PolarError, RuntimeError):
     """A write was attempted on a closed store."""
 
 
+class StoreWriteError(PolarError, OSError):
+    """The store could not write (disk full, I/O error): nothing of that batch was kept; the call may be retried."""
+
+
 class RecordStore:
     """SQLite-WAL store of `CompletionRecord`s and sessions with batched, durable commits.
 
@@ -264,6 +268,11 @@ class RecordStore:
                 except sqlite3.Error:
                     pass
             log.exception("store write failed (%d ops)", len(batch))
+            if isinstance(
+                exc, (sqlite3.Error, OSError)
+            ):  # the disk's fault, not the caller's: a typed, retryable error
+                error = StoreWriteError(f"the record store could not write: {exc}")
+                error.__cause__ = exc
         self.batches += 1
         self.writes += len(batch)
         for _, loop, fut in batch:

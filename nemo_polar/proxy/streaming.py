@@ -23,7 +23,7 @@ from aiohttp import web
 from nemo_polar.proxy import recording
 from nemo_polar.proxy.engines.base import EngineCall, Generation
 from nemo_polar.proxy.normalized import ChatRequest, ProviderError, StreamEvent
-from nemo_polar.proxy.store import RecordStore
+from nemo_polar.proxy.store import RecordStore, StoreWriteError
 from nemo_polar.types import CompletionRecord
 
 __all__ = ["coalesce", "reply_stream"]
@@ -78,7 +78,12 @@ async def reply_stream(
             raise
         return resp
     assert gen.result is not None
-    await store.commit(recording.completed(rec, call, gen))  # durability: committed before the terminal event
+    try:
+        await store.commit(recording.completed(rec, call, gen))  # durability: committed before the terminal event
+    except StoreWriteError as exc:  # not kept: no clean ending either, so the client retries the call
+        log.warning("stream %s not recorded (%s): connection dropped before the terminal event", rec.id, exc)
+        _drop_connection(request)
+        return resp
     try:
         await _write(resp, renderer.finish(gen.result))
         await resp.write_eof()
@@ -89,7 +94,10 @@ async def reply_stream(
 
 async def _failed(store: RecordStore, rec: CompletionRecord, call: EngineCall, error: dict[str, Any]) -> None:
     log.info("stream %s failed: %s", rec.id, error)
-    await store.commit(recording.failed(rec, error, call))
+    try:
+        await store.commit(recording.failed(rec, error, call))
+    except StoreWriteError as exc:  # the stream is already lost to the client; the disk is the second failure
+        log.warning("stream %s: failure record not kept (%s)", rec.id, exc)
 
 
 def _render(renderer: Any, batch: list[StreamEvent]) -> list[bytes]:

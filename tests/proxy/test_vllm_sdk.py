@@ -116,9 +116,10 @@ def call_client(kind: str, h: ProxyHandle, key: str, *, stream: bool, max_tokens
             for ev in c.responses.create(
                 model="gpt-5-codex", input=PROMPT, tools=tools, max_output_tokens=max_tokens, stream=True
             ):
-                if ev.type == "response.completed":
+                # a generation cut by max_output_tokens ends with response.incomplete, as OpenAI's API does
+                if ev.type in ("response.completed", "response.incomplete"):
                     r = ev.response
-            assert r is not None, "no response.completed event"
+            assert r is not None, "no terminal response event (completed / incomplete)"
         calls = [(o.name, json.loads(o.arguments)) for o in r.output if o.type == "function_call"]
         return r.output_text, calls
     if kind == "anthropic":
