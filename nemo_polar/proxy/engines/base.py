@@ -201,6 +201,37 @@ class OpenAIServerEngine:
         self.upstreams = upstreams
         self.total_timeout_s = total_timeout_s
 
+    def build_body(self, call: EngineCall, *, stream: bool) -> dict[str, Any]:
+        """The engine's `/v1/chat/completions` body for `call`, with the fields that make it return token data."""
+        raise NotImplementedError
+
+    @staticmethod
+    def parse_chat(data: dict[str, Any], served_model: str, gen: Generation) -> ChatResult:
+        """The engine's non-streamed chat answer as a `ChatResult` (token ids and logprobs included)."""
+        raise NotImplementedError
+
+    def stream_batches(self, call: EngineCall, gen: Generation) -> AsyncIterator[list[StreamEvent]]:
+        """A streamed chat generation: the events of each network read as one list; `gen` holds the outcome."""
+        raise NotImplementedError
+
+    async def chat(self, call: EngineCall) -> Generation:
+        gen = Generation()
+        data = await self.upstreams.post_json(
+            "/v1/chat/completions",
+            self.build_body(call, stream=False),
+            call.route_key,
+            gen,
+            total_s=self.total_timeout_s,
+        )
+        gen.result = self.parse_chat(data, call.served_model, gen)
+        return gen
+
+    async def stream(self, call: EngineCall, gen: Generation) -> AsyncIterator[StreamEvent]:
+        """Yield `StreamEvent`s as the engine produces them; on normal end `gen.result` holds the full result."""
+        async for batch in self.stream_batches(call, gen):
+            for ev in batch:
+                yield ev
+
     async def list_models(self) -> list[str]:
         data = await self.upstreams.get_json("/v1/models")
         return [m["id"] for m in data.get("data", []) if isinstance(m, dict) and "id" in m]

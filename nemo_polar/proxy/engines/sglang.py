@@ -32,20 +32,13 @@ __all__ = ["SGLangEngine"]
 class SGLangEngine(OpenAIServerEngine):
     name = "sglang"
 
-    def build_body(self, call: EngineCall) -> dict[str, Any]:
+    def build_body(self, call: EngineCall, *, stream: bool = False) -> dict[str, Any]:
+        """Never streamed upstream (SGLang streams no token ids): `stream_batches` replays one `chat`."""
         body = call.request.chat_fields(call.served_model)
         body.update(call.sampling)
         body.update({"logprobs": True, "return_prompt_token_ids": True, "return_meta_info": True, "stream": False})
         body.update(call.extra)
         return body
-
-    async def chat(self, call: EngineCall) -> Generation:
-        gen = Generation()
-        data = await self.upstreams.post_json(
-            "/v1/chat/completions", self.build_body(call), call.route_key, gen, total_s=self.total_timeout_s
-        )
-        gen.result = self.parse_chat(data, call.served_model, gen)
-        return gen
 
     @staticmethod
     def parse_chat(data: dict[str, Any], served_model: str, gen: Generation) -> ChatResult:
@@ -86,11 +79,6 @@ class SGLangEngine(OpenAIServerEngine):
         events = gen.result.as_events()
         if events:
             yield events
-
-    async def stream(self, call: EngineCall, gen: Generation) -> AsyncIterator[StreamEvent]:
-        async for batch in self.stream_batches(call, gen):
-            for ev in batch:
-                yield ev
 
     async def complete_ids(self, *args: Any, **kwargs: Any) -> tuple[Generation, str]:
         """Not available: SGLang's chat endpoint takes no prompt token ids (prefix splicing needs vLLM)."""

@@ -56,18 +56,6 @@ class VLLMEngine(OpenAIServerEngine):
 
     # -- non-streaming ----------------------------------------------------------------------------------------------
 
-    async def chat(self, call: EngineCall) -> Generation:
-        gen = Generation()
-        data = await self.upstreams.post_json(
-            "/v1/chat/completions",
-            self.build_body(call, stream=False),
-            call.route_key,
-            gen,
-            total_s=self.total_timeout_s,
-        )
-        gen.result = self.parse_chat(data, call.served_model, gen)
-        return gen
-
     @staticmethod
     def parse_chat(data: dict[str, Any], served_model: str, gen: Generation) -> ChatResult:
         try:
@@ -90,12 +78,6 @@ class VLLMEngine(OpenAIServerEngine):
         return with_usage(result, data.get("usage") or {}, gen)
 
     # -- streaming --------------------------------------------------------------------------------------------------
-
-    async def stream(self, call: EngineCall, gen: Generation) -> AsyncIterator[StreamEvent]:
-        """Yield `StreamEvent`s as vLLM produces them; on normal end `gen.result` holds the full result."""
-        async for batch in self.stream_batches(call, gen):
-            for ev in batch:
-                yield ev
 
     async def stream_batches(self, call: EngineCall, gen: Generation) -> AsyncIterator[list[StreamEvent]]:
         """Like `stream`, but the events of every chunk that arrived together come as one list.
