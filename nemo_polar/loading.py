@@ -4,19 +4,20 @@
 Registries (harness adapters, evaluators, trajectory builders, post-run hooks, the NeMo RL estimator `_target_`)
 let a user name their own object by path. Both spellings are accepted everywhere: `pkg.mod:Name` (the module
 left of the colon, an attribute path right of it) and `pkg.mod.Name` (the longest importable module prefix, then
-attributes). Every failure is a `nemo_polar.errors.LoadError` that names the path and the cause. This module knows
-no registry; it only imports and looks up.
+attributes). Every failure is a `nemo_polar.errors.LoadError` that names the path and the cause. This module holds
+no registry; `lookup` is the rule the registries share (a registered key first, else a dotted path to a callable).
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
 from nemo_polar.errors import LoadError
 
-__all__ = ["is_dotted_path", "load_object"]
+__all__ = ["is_dotted_path", "load_object", "lookup"]
 
 
 def is_dotted_path(name: str) -> bool:
@@ -79,3 +80,19 @@ def load_object(path: str, *, what: str = "object") -> Any:
         if mod is not None:
             return _attrs(mod, parts[cut:], module, path, what)
     raise LoadError(f"cannot load {what} {path!r}: no module named {parts[0]!r}")
+
+
+def lookup(registry: Mapping[str, Any], name: str, *, what: str) -> Any:
+    """`registry[name]`, or, when `name` is spelled as a dotted path, the callable it names.
+
+    Raises:
+        LoadError: `name` is neither a registered key (the message lists the keys) nor a loadable path to a callable.
+    """
+    if name in registry:
+        return registry[name]
+    if not is_dotted_path(name):
+        raise LoadError(f"unknown {what} {name!r}; registered: {sorted(registry)} (or give a dotted path)")
+    obj = load_object(name, what=what)
+    if not callable(obj):
+        raise LoadError(f"{what} {name!r} is not callable")
+    return obj

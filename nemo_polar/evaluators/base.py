@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from nemo_polar.errors import LoadError
-from nemo_polar.loading import is_dotted_path, load_object
+from nemo_polar.loading import lookup
 from nemo_polar.types import EvalResult, Trajectory, ValidationError
 
 if TYPE_CHECKING:
@@ -94,14 +93,7 @@ def evaluator_options_model(name: str) -> type[BaseModel] | None:
 
 def get_evaluator(name: str) -> Evaluator:
     """A registered evaluator, or one importable by dotted path; `LoadError` (a `KeyError`) when neither."""
-    if name in _REGISTRY:
-        return _REGISTRY[name]
-    if not is_dotted_path(name):
-        raise LoadError(f"unknown evaluator {name!r}; registered: {sorted(_REGISTRY)} (or give a dotted path)")
-    fn = load_object(name, what="evaluator")
-    if not callable(fn):
-        raise LoadError(f"evaluator {name!r} is not callable")
-    return fn  # type: ignore[no-any-return]
+    return lookup(_REGISTRY, name, what="evaluator")  # type: ignore[no-any-return]
 
 
 def failure(kind: str, reason: str, *, mask_sample: bool, **details: Any) -> EvalResult:

@@ -14,8 +14,8 @@ from typing import Any
 
 from pydantic import ValidationError as PydanticValidationError
 
-from nemo_polar.errors import LoadError, PolarError
-from nemo_polar.loading import is_dotted_path, load_object
+from nemo_polar.errors import PolarError
+from nemo_polar.loading import lookup
 from nemo_polar.types import CompletionRecord, Trajectory
 
 from .options import BuildOptions
@@ -56,15 +56,7 @@ def available_builders() -> list[str]:
 
 def get_builder(name: str) -> BuilderFn:
     """A registered builder, or one imported by dotted path; `LoadError` (a `KeyError`) when neither."""
-    fn = _REGISTRY.get(name)
-    if fn is not None:
-        return fn
-    if not is_dotted_path(name):
-        raise LoadError(f"unknown builder {name!r}; registered: {available_builders()} (or give a dotted path)")
-    obj = load_object(name, what="builder")
-    if not callable(obj):
-        raise LoadError(f"builder {name!r} is not callable")
-    return obj  # type: ignore[no-any-return]
+    return lookup(_REGISTRY, name, what="builder")  # type: ignore[no-any-return]
 
 
 def make_options(options: BuildOptions | None = None, **kwargs: Any) -> BuildOptions:
