@@ -24,6 +24,7 @@ import json
 import math
 import time
 import uuid
+from collections.abc import Callable, Container
 from typing import Any, NoReturn
 
 import orjson
@@ -265,6 +266,38 @@ def image_part(url: str, detail: str | None = None) -> dict[str, Any]:
     if detail is not None:
         img["detail"] = detail
     return {"type": "image_url", "image_url": img}
+
+
+ImageReader = Callable[[dict[str, Any], str], dict[str, Any]]
+
+
+def content_parts(
+    v: Any, path: str, text_kinds: Container[str], image: tuple[str, ImageReader] | None
+) -> str | list[dict[str, Any]]:
+    """A message content that is a string or an array of parts, as OpenAI content: the `text_kinds` parts and
+    `refusal` become text parts, the dialect's image part (`image`: its type and a reader of it) an image part, any
+    other part a 400; collapsed to one string when all parts are text."""
+    if isinstance(v, str):
+        return v
+    if not isinstance(v, list):
+        bad(f"{path}: expected a string or an array of content parts", param=path)
+    parts: list[dict[str, Any]] = []
+    for k, p in enumerate(v):
+        if type(p) is dict and p.get("type") in text_kinds and type(p.get("text")) is str:  # fast path
+            parts.append(text_part(p["text"]))
+            continue
+        ppath = f"{path}[{k}]"
+        p = as_dict(p, ppath)
+        kind = p.get("type")
+        if kind in text_kinds:
+            parts.append(text_part(req_str(p, "text", f"{ppath}.text")))
+        elif kind == "refusal":
+            parts.append(text_part(req_str(p, "refusal", f"{ppath}.refusal")))
+        elif image is not None and kind == image[0]:
+            parts.append(image[1](p, ppath))
+        else:
+            bad(f"{ppath}.type: unsupported content part type {kind!r}", param=f"{ppath}.type")
+    return collapse_parts(parts)
 
 
 def function_tool(name: str, description: str | None, parameters: dict[str, Any]) -> dict[str, Any]:

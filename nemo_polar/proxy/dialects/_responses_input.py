@@ -22,6 +22,7 @@ from nemo_polar.proxy.dialects._common import (
     canonical_arguments,
     check_tool_name,
     collapse_parts,
+    content_parts,
     function_tool,
     image_part,
     opt_dict,
@@ -203,30 +204,12 @@ class InputItems:
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
+def _image(p: dict[str, Any], ppath: str) -> dict[str, Any]:
+    url = opt_str(p, "image_url", f"{ppath}.image_url")
+    if not url:
+        bad(f"{ppath}.image_url: an image URL is required (file ids are not supported)", param=ppath)
+    return image_part(url, opt_str(p, "detail", f"{ppath}.detail"))
+
+
 def _content(v: Any, path: str) -> str | list[dict[str, Any]]:
-    if v is None:
-        return ""
-    if isinstance(v, str):
-        return v
-    if not isinstance(v, list):
-        bad(f"{path}: expected a string or an array of content parts", param=path)
-    parts: list[dict[str, Any]] = []
-    for k, p in enumerate(v):
-        if type(p) is dict and p.get("type") in _TEXT_PARTS and type(p.get("text")) is str:  # fast path
-            parts.append(text_part(p["text"]))
-            continue
-        ppath = f"{path}[{k}]"
-        p = as_dict(p, ppath)
-        kind = p.get("type")
-        if kind in _TEXT_PARTS:
-            parts.append(text_part(req_str(p, "text", f"{ppath}.text")))
-        elif kind == "refusal":
-            parts.append(text_part(req_str(p, "refusal", f"{ppath}.refusal")))
-        elif kind == "input_image":
-            url = opt_str(p, "image_url", f"{ppath}.image_url")
-            if not url:
-                bad(f"{ppath}.image_url: an image URL is required (file ids are not supported)", param=ppath)
-            parts.append(image_part(url, opt_str(p, "detail", f"{ppath}.detail")))
-        else:
-            bad(f"{ppath}.type: unsupported content part type {kind!r}", param=f"{ppath}.type")
-    return collapse_parts(parts)
+    return "" if v is None else content_parts(v, path, _TEXT_PARTS, ("input_image", _image))

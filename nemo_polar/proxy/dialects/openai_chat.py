@@ -25,7 +25,7 @@ from nemo_polar.proxy.dialects._common import (
     check_conversation,
     check_tool_name,
     check_unique_tools,
-    collapse_parts,
+    content_parts,
     function_tool,
     image_part,
     load_body,
@@ -42,7 +42,6 @@ from nemo_polar.proxy.dialects._common import (
     schema_dict,
     sse,
     str_list,
-    text_part,
     tool_call_dict,
     tool_message,
     with_system,
@@ -120,38 +119,24 @@ def parse_request(body: bytes | dict[str, Any], route: RouteMatch) -> ChatReques
 # -------------------------------------------------------------------------------------------- normalise
 
 
+def _image(p: dict[str, Any], ppath: str) -> dict[str, Any]:
+    img = p.get("image_url")
+    if isinstance(img, str):
+        img = {"url": img}
+    img = as_dict(img, f"{ppath}.image_url")
+    return image_part(
+        req_str(img, "url", f"{ppath}.image_url.url", nonempty=True),
+        opt_str(img, "detail", f"{ppath}.image_url.detail"),
+    )
+
+
+_TEXT = ("text",)
+_IMAGE = ("image_url", _image)
+
+
 def _parts(v: Any, path: str, *, allow_images: bool) -> str | list[dict[str, Any]]:
     """A message content: a string or a part array (collapsed to a string when all parts are text)."""
-    if isinstance(v, str):
-        return v
-    if not isinstance(v, list):
-        bad(f"{path}: expected a string or an array of content parts", param=path)
-    parts: list[dict[str, Any]] = []
-    for k, p in enumerate(v):
-        if type(p) is dict and p.get("type") == "text" and type(p.get("text")) is str:  # fast path
-            parts.append(text_part(p["text"]))
-            continue
-        ppath = f"{path}[{k}]"
-        p = as_dict(p, ppath)
-        kind = p.get("type")
-        if kind == "text":
-            parts.append(text_part(req_str(p, "text", f"{ppath}.text")))
-        elif kind == "refusal":
-            parts.append(text_part(req_str(p, "refusal", f"{ppath}.refusal")))
-        elif kind == "image_url" and allow_images:
-            img = p.get("image_url")
-            if isinstance(img, str):
-                img = {"url": img}
-            img = as_dict(img, f"{ppath}.image_url")
-            parts.append(
-                image_part(
-                    req_str(img, "url", f"{ppath}.image_url.url", nonempty=True),
-                    opt_str(img, "detail", f"{ppath}.image_url.detail"),
-                )
-            )
-        else:
-            bad(f"{ppath}.type: unsupported content part type {kind!r}", param=f"{ppath}.type")
-    return collapse_parts(parts)
+    return content_parts(v, path, _TEXT, _IMAGE if allow_images else None)
 
 
 def _message(m: Any, path: str, ids: CallIds) -> dict[str, Any]:
