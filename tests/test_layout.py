@@ -280,26 +280,11 @@ def test_every_module_opens_with_a_docstring() -> None:
     assert [str(p.relative_to(ROOT)) for _, p, _, doc in _sizes_and_docstrings() if not doc] == []
 
 
-# Modules still over the limit while another engineer's part of issue 18 is in flight: each is a strict xfail, so
-# the test turns red (XPASS) the moment the split lands and the entry must go.
-PENDING_SIZE: dict[str, str] = {}
-
-
 def test_every_module_is_under_600_lines() -> None:
     too_long = {
-        rel: n
-        for _, p, n, _ in _sizes_and_docstrings()
-        if n >= MAX_LINES and (rel := str(p.relative_to(ROOT))) not in PENDING_SIZE
+        rel: n for _, p, n, _ in _sizes_and_docstrings() if n >= MAX_LINES and (rel := str(p.relative_to(ROOT)))
     }
     assert too_long == {}, "split these modules (one concept per module)"
-
-
-@pytest.mark.parametrize(
-    "rel", [pytest.param(r, marks=pytest.mark.xfail(strict=True, reason=why)) for r, why in PENDING_SIZE.items()]
-)
-def test_pending_module_is_under_600_lines(rel: str) -> None:
-    path = ROOT / rel
-    assert not path.exists() or len(path.read_text().splitlines()) < MAX_LINES
 
 
 def test_the_checker_catches_cycles_core_to_credit_and_polar_lab(
