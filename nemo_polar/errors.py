@@ -4,12 +4,13 @@
 `except PolarError` catches any of them (and nothing from a library underneath). Classes keep an extra standard
 base where callers catch that one (`ValueError` for bad input, `RuntimeError` for a failed operation, `KeyError`
 for an unknown name), so adding the root changed no `except` clause. This module also holds the few errors that
-two packages raise and that must not be defined twice (`PlanError`, `LoadError`). It imports nothing of ours.
+two packages raise and that must not be defined twice (`PlanError`, `LoadError`), and `InputProblems`, the shape of
+the input files' all-problems-at-once errors. It imports nothing of ours.
 """
 
 from __future__ import annotations
 
-__all__ = ["LoadError", "PlanError", "PolarError"]
+__all__ = ["InputProblems", "LoadError", "PlanError", "PolarError"]
 
 
 class PolarError(Exception):
@@ -27,3 +28,14 @@ class LoadError(PolarError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class InputProblems(PolarError, ValueError):
+    """An input file (or list) has problems: `errors` lists every one, with its line number where there is one; the
+    message counts them (`noun`, set by each subclass) and lists one a line."""
+
+    noun = "problem(s)"
+
+    def __init__(self, errors: list[str]):
+        self.errors = errors
+        super().__init__(f"{len(errors)} {self.noun}:\n  " + "\n  ".join(errors))

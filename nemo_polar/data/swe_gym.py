@@ -27,7 +27,7 @@ from typing import Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from nemo_polar.errors import PolarError
+from nemo_polar.errors import InputProblems
 from nemo_polar.rollout.spec import TaskSpec
 from nemo_polar.rundir import RunDir
 
@@ -51,12 +51,10 @@ SWE_GYM_WORKDIR = "/testbed"  # where SWE-Gym / SWE-bench images keep the reposi
 RuntimeKind = Literal["docker", "apptainer"]
 
 
-class SweGymError(PolarError, ValueError):
+class SweGymError(InputProblems):
     """Input rows are invalid; `errors` lists every problem with its line number."""
 
-    def __init__(self, errors: list[str]):
-        self.errors = errors
-        super().__init__(f"{len(errors)} invalid SWE-Gym row(s):\n  " + "\n  ".join(errors))
+    noun = "invalid SWE-Gym row(s)"
 
 
 class SweGymRow(BaseModel):

@@ -20,9 +20,10 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import BaseModel
+from pydantic import ValidationError as PydanticValidationError
 
 from nemo_polar.loading import lookup
 from nemo_polar.types import EvalResult, Trajectory, ValidationError
@@ -37,6 +38,7 @@ __all__ = [
     "evaluator_options_model",
     "failure",
     "get_evaluator",
+    "read_options",
     "register_evaluator",
     "run_evaluator",
 ]
@@ -106,6 +108,18 @@ def failure(kind: str, reason: str, *, mask_sample: bool, **details: Any) -> Eva
         failure_reason=reason[-2000:],
         details=dict(details),
     )
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def read_options(model: type[_M], ctx: EvalContext, what: str) -> _M | EvalResult:
+    """`ctx.options` validated by the evaluator's options `model`, or a masked `evaluator_config` failure naming
+    `what` when they do not fit (the rollout server checks them at submit: only a task that bypassed it gets here)."""
+    try:
+        return model.model_validate(dict(ctx.options))
+    except PydanticValidationError as exc:
+        return failure("evaluator_config", f"{what}: {exc}", mask_sample=True)
 
 
 async def run_evaluator(name: str, ctx: EvalContext, *, timeout_s: float) -> EvalResult:

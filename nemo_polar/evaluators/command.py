@@ -9,9 +9,9 @@ A command that cannot run at all is an infrastructure failure (masked); a wrong 
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from nemo_polar.evaluators.base import EvalContext, failure, register_evaluator
+from nemo_polar.evaluators.base import EvalContext, failure, read_options, register_evaluator
 from nemo_polar.evaluators.patching import apply_diff
 from nemo_polar.types import EvalResult
 
@@ -29,10 +29,9 @@ class CommandOptions(BaseModel):
 
 @register_evaluator("command", options=CommandOptions)
 async def command(ctx: EvalContext) -> EvalResult:
-    try:
-        opts = CommandOptions.model_validate(dict(ctx.options))
-    except ValidationError as exc:  # checked at submit; reached only by a task that bypassed the rollout server
-        return failure("evaluator_config", f"command evaluator options: {exc}", mask_sample=True)
+    opts = read_options(CommandOptions, ctx, "command evaluator options")
+    if isinstance(opts, EvalResult):
+        return opts
     cmd, timeout_s = opts.command, opts.timeout_s
     if opts.fresh:
         if ctx.fresh_runtime is None:

@@ -24,9 +24,9 @@ import re
 import shlex
 from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from nemo_polar.evaluators.base import EvalContext, failure, register_evaluator
+from nemo_polar.evaluators.base import EvalContext, failure, read_options, register_evaluator
 from nemo_polar.evaluators.patching import apply_diff
 from nemo_polar.types import EvalResult
 
@@ -93,10 +93,9 @@ class SweTestsOptions(BaseModel):
 
 @register_evaluator("swe_tests", options=SweTestsOptions)
 async def swe_tests(ctx: EvalContext) -> EvalResult:
-    try:
-        opts = SweTestsOptions.model_validate(dict(ctx.options))
-    except ValidationError as exc:  # checked at submit; reached only by a task that bypassed the rollout server
-        return failure("evaluator_config", f"swe_tests options: {exc}", mask_sample=True)
+    opts = read_options(SweTestsOptions, ctx, "swe_tests options")
+    if isinstance(opts, EvalResult):
+        return opts
     if not ctx.diff.strip():
         return EvalResult(reward=0.0, resolved=False, details={"empty_patch": True})
     if ctx.fresh_runtime is None:

@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from nemo_polar.errors import PolarError
+from nemo_polar.errors import InputProblems
 
 __all__ = [
     "AgentSpec",
@@ -42,12 +42,10 @@ __all__ = [
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:@+-]{0,199}$")
 
 
-class TaskSpecError(PolarError, ValueError):
+class TaskSpecError(InputProblems):
     """One or more tasks are invalid; `errors` lists every problem (with its line number when loading JSONL)."""
 
-    def __init__(self, errors: list[str]):
-        self.errors = errors
-        super().__init__(f"{len(errors)} task spec error(s):\n  " + "\n  ".join(errors))
+    noun = "task spec error(s)"
 
 
 class _Model(BaseModel):
