@@ -202,7 +202,16 @@ class OpenAIServerEngine:
         self.total_timeout_s = total_timeout_s
 
     def build_body(self, call: EngineCall, *, stream: bool) -> dict[str, Any]:
-        """The engine's `/v1/chat/completions` body for `call`, with the fields that make it return token data."""
+        """The engine's `/v1/chat/completions` body for `call`: the request's chat fields, its sampling, the
+        engine's `token_fields` (what makes it return token data), then the call's `extra` over them."""
+        body = call.request.chat_fields(call.served_model)
+        body.update(call.sampling)
+        body.update(self.token_fields(stream))
+        body.update(call.extra)
+        return body
+
+    def token_fields(self, stream: bool) -> dict[str, Any]:
+        """The body fields that make this engine return token ids and logprobs (and stream when `stream`)."""
         raise NotImplementedError
 
     @staticmethod

@@ -32,13 +32,9 @@ __all__ = ["SGLangEngine"]
 class SGLangEngine(OpenAIServerEngine):
     name = "sglang"
 
-    def build_body(self, call: EngineCall, *, stream: bool = False) -> dict[str, Any]:
+    def token_fields(self, stream: bool) -> dict[str, Any]:
         """Never streamed upstream (SGLang streams no token ids): `stream_batches` replays one `chat`."""
-        body = call.request.chat_fields(call.served_model)
-        body.update(call.sampling)
-        body.update({"logprobs": True, "return_prompt_token_ids": True, "return_meta_info": True, "stream": False})
-        body.update(call.extra)
-        return body
+        return {"logprobs": True, "return_prompt_token_ids": True, "return_meta_info": True, "stream": False}
 
     @staticmethod
     def parse_chat(data: dict[str, Any], served_model: str, gen: Generation) -> ChatResult:
@@ -85,7 +81,7 @@ class SGLangEngine(OpenAIServerEngine):
         raise ProviderError(500, "api_error", f"engine {self.name} cannot generate from token ids")
 
     async def tokenize(self, call: EngineCall) -> list[int]:
-        body = self.build_body(call)
+        body = self.build_body(call, stream=False)
         body["max_tokens"] = 1
         data = await self.upstreams.post_json("/v1/chat/completions", body, call.route_key, Generation(), total_s=120)
         try:

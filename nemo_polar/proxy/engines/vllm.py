@@ -42,17 +42,11 @@ class VLLMEngine(OpenAIServerEngine):
 
     # -- request --------------------------------------------------------------------------------------------------
 
-    def build_body(self, call: EngineCall, *, stream: bool) -> dict[str, Any]:
-        body = call.request.chat_fields(call.served_model)
-        body.update(call.sampling)
-        body["return_token_ids"] = True
-        body["logprobs"] = True
-        body["top_logprobs"] = 0
-        body["stream"] = stream
+    def token_fields(self, stream: bool) -> dict[str, Any]:
+        fields: dict[str, Any] = {"return_token_ids": True, "logprobs": True, "top_logprobs": 0, "stream": stream}
         if stream:
-            body["stream_options"] = {"include_usage": True}
-        body.update(call.extra)
-        return body
+            fields["stream_options"] = {"include_usage": True}
+        return fields
 
     # -- non-streaming ----------------------------------------------------------------------------------------------
 
