@@ -16,6 +16,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 from aiohttp import web
@@ -32,7 +33,10 @@ __all__ = [
     "check_bind",
     "is_loopback",
     "resolve_secret",
+    "service_app",
 ]
+
+MAX_BODY = 64 * 1024 * 1024  # the largest request body a rollout service reads
 
 SECRET_ENV = "POLAR_ROLLOUT_SECRET"
 SECRET_FILE_ENV = "POLAR_ROLLOUT_SECRET_FILE"
@@ -88,6 +92,24 @@ def _presented(request: web.Request) -> bytes | None:
     if scheme.lower() != "bearer" or not token.strip():
         return None
     return token.strip().encode("utf-8", "surrogateescape")
+
+
+def service_app(
+    secret: str | None,
+    lifecycle: Callable[[web.Application], AsyncIterator[None]],
+    routes: Sequence[tuple[str, str, Handler]],
+) -> web.Application:
+    """The aiohttp app of a rollout service (the server or a gateway node): bodies up to `MAX_BODY`, every route
+    behind the secret, `lifecycle` as its start-up / clean-up context, and `routes` as (method, path, handler); a GET
+    route answers HEAD too, as aiohttp's `add_get` does."""
+    app = web.Application(client_max_size=MAX_BODY, middlewares=[auth_middleware(secret)])
+    app.cleanup_ctx.append(lifecycle)
+    for method, path, handler in routes:
+        if method == "GET":
+            app.router.add_get(path, handler)
+        else:
+            app.router.add_route(method, path, handler)
+    return app
 
 
 def auth_middleware(secret: str | None) -> Middleware:

@@ -37,7 +37,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from nemo_polar.rollout.auth import auth_headers, auth_middleware, check_bind, resolve_secret
+from nemo_polar.rollout.auth import auth_headers, check_bind, resolve_secret, service_app
 from nemo_polar.rollout.busy import BusyMeter
 from nemo_polar.rollout.proxylink import ProxyLink
 from nemo_polar.rollout.retry import Backoff, retry
@@ -174,15 +174,14 @@ class Gateway:
             await self.stop()
 
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[auth_middleware(self.config.secret)])
-        app.cleanup_ctx.append(self._lifecycle)
-        r = app.router
-        r.add_post("/sessions", self._post_session)
-        r.add_get("/sessions/{session_id}", self._get_session)
-        r.add_delete("/sessions/{session_id}", self._delete_session)
-        r.add_get("/health", self._health)
-        r.add_get("/metrics", self._metrics)
-        return app
+        routes = [
+            ("POST", "/sessions", self._post_session),
+            ("GET", "/sessions/{session_id}", self._get_session),
+            ("DELETE", "/sessions/{session_id}", self._delete_session),
+            ("GET", "/health", self._health),
+            ("GET", "/metrics", self._metrics),
+        ]
+        return service_app(self.config.secret, self._lifecycle, routes)
 
     async def serve(self, host: str = "127.0.0.1", port: int = 0) -> str:
         """Serve the HTTP API in this event loop; returns the node's URL. A non-loopback `host` needs a secret."""

@@ -38,7 +38,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
-from nemo_polar.rollout.auth import auth_headers, auth_middleware, check_bind, resolve_secret
+from nemo_polar.rollout.auth import auth_headers, check_bind, resolve_secret, service_app
 from nemo_polar.rollout.callbacks import callback_loop
 from nemo_polar.rollout.journal import Journal, SessionRow
 from nemo_polar.rollout.retry import Backoff
@@ -141,20 +141,19 @@ class RolloutServer:
             self.j.close()
 
     def make_app(self) -> web.Application:
-        app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[auth_middleware(self.config.secret)])
-        app.cleanup_ctx.append(self._lifecycle)
-        r = app.router
-        r.add_post("/tasks", self._post_task)
-        r.add_get("/tasks/{task_id}", self._get_task)
-        r.add_get("/tasks/{task_id}/results", self._get_results)
-        r.add_delete("/tasks/{task_id}", self._delete_task)
-        r.add_get("/events", self._events)
-        r.add_post("/nodes/register", self._register)
-        r.add_post("/nodes/{node_id}/heartbeat", self._heartbeat)
-        r.add_post("/nodes/{node_id}/results", self._node_result)
-        r.add_get("/nodes", self._get_nodes)
-        r.add_get("/health", self._health)
-        return app
+        routes = [
+            ("POST", "/tasks", self._post_task),
+            ("GET", "/tasks/{task_id}", self._get_task),
+            ("GET", "/tasks/{task_id}/results", self._get_results),
+            ("DELETE", "/tasks/{task_id}", self._delete_task),
+            ("GET", "/events", self._events),
+            ("POST", "/nodes/register", self._register),
+            ("POST", "/nodes/{node_id}/heartbeat", self._heartbeat),
+            ("POST", "/nodes/{node_id}/results", self._node_result),
+            ("GET", "/nodes", self._get_nodes),
+            ("GET", "/health", self._health),
+        ]
+        return service_app(self.config.secret, self._lifecycle, routes)
 
     def _spawn(self, coro: Any) -> None:
         t = asyncio.create_task(coro)
