@@ -25,7 +25,7 @@ import math
 import time
 import uuid
 from collections.abc import Callable, Container
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import orjson
 
@@ -75,6 +75,9 @@ def json_type(v: Any) -> str:
     return type(v).__name__
 
 
+_T = TypeVar("_T")
+
+
 def _missing(path: str) -> NoReturn:
     bad(f"{path}: field required", param=path)
 
@@ -84,13 +87,19 @@ def _wrong(path: str, want: str, v: Any) -> NoReturn:
 
 
 def opt_str(d: dict[str, Any], key: str, path: str, *, required: bool = False) -> str | None:
+    return _typed(d, key, path, required, str, "a string")
+
+
+def _typed(d: dict[str, Any], key: str, path: str, required: bool, cls: type[_T], want: str) -> _T | None:
+    """`d[key]` when it is a `cls` (`want` names the JSON type in the 400), None when absent or null (a 400 when
+    `required`)."""
     v = d.get(key)
     if v is None:
         if required:
             _missing(path)
         return None
-    if not isinstance(v, str):
-        _wrong(path, "a string", v)
+    if not isinstance(v, cls):
+        _wrong(path, want, v)
     return v
 
 
@@ -147,25 +156,11 @@ def opt_num(
 
 
 def opt_list(d: dict[str, Any], key: str, path: str, *, required: bool = False) -> list[Any] | None:
-    v = d.get(key)
-    if v is None:
-        if required:
-            _missing(path)
-        return None
-    if not isinstance(v, list):
-        _wrong(path, "an array", v)
-    return v
+    return _typed(d, key, path, required, list, "an array")
 
 
 def opt_dict(d: dict[str, Any], key: str, path: str, *, required: bool = False) -> dict[str, Any] | None:
-    v = d.get(key)
-    if v is None:
-        if required:
-            _missing(path)
-        return None
-    if not isinstance(v, dict):
-        _wrong(path, "an object", v)
-    return v
+    return _typed(d, key, path, required, dict, "an object")
 
 
 def as_dict(v: Any, path: str) -> dict[str, Any]:
