@@ -120,6 +120,14 @@ def opt_bool(d: dict[str, Any], key: str, path: str) -> bool | None:
     return v
 
 
+def _check_range(path: str, value: float, lo: float | None, hi: float | None, given: Any) -> None:
+    """A 400 when `value` is below `lo` or above `hi` (the message shows the value as the client sent it)."""
+    if lo is not None and value < lo:
+        bad(f"{path}: must be >= {lo}, got {given}", param=path)
+    if hi is not None and value > hi:
+        bad(f"{path}: must be <= {hi}, got {given}", param=path)
+
+
 def opt_int(d: dict[str, Any], key: str, path: str, *, lo: int | None = None, hi: int | None = None) -> int | None:
     v = d.get(key)
     if v is None:
@@ -130,10 +138,7 @@ def opt_int(d: dict[str, Any], key: str, path: str, *, lo: int | None = None, hi
         _wrong(path, "an integer", v)
     if not -(2**63) <= v < 2**63:
         bad(f"{path}: {v} is out of the 64-bit integer range", param=path)
-    if lo is not None and v < lo:
-        bad(f"{path}: must be >= {lo}, got {v}", param=path)
-    if hi is not None and v > hi:
-        bad(f"{path}: must be <= {hi}, got {v}", param=path)
+    _check_range(path, v, lo, hi, v)
     return v
 
 
@@ -148,10 +153,7 @@ def opt_num(
     f = float(v)
     if not math.isfinite(f):
         bad(f"{path}: must be a finite number", param=path)
-    if lo is not None and f < lo:
-        bad(f"{path}: must be >= {lo}, got {v}", param=path)
-    if hi is not None and f > hi:
-        bad(f"{path}: must be <= {hi}, got {v}", param=path)
+    _check_range(path, f, lo, hi, v)
     return f
 
 
