@@ -21,7 +21,7 @@ from typing import Any
 
 from nemo_polar.rundir import RunDir
 
-__all__ = ["DEMO_HARNESSES", "DEMO_TASKS", "demo_tasks", "register"]
+__all__ = ["DEMO_AGENT_TIMEOUT_S", "DEMO_HARNESSES", "DEMO_SAMPLING", "DEMO_TASKS", "demo_specs", "demo_tasks", "register"]
 
 DEMO_TASKS = ("median", "slugify", "lru_cache")  # fix plans that edit (Qwen Code reads before it edits)
 DEMO_HARNESSES = ("pi", "qwen_code")
@@ -38,7 +38,11 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--out", type=Path, default=Path("runs/demo"), help="run directory (default: runs/demo)")
     p.add_argument("--fresh", action="store_true", help="delete the run directory first")
-    p.add_argument("--tasks", default=",".join(DEMO_TASKS), help="example task names, comma-separated")
+    p.add_argument(
+        "--tasks",
+        default=",".join(DEMO_TASKS),
+        help="example task names and/or real-repository tasks as pybugs:NAME (polar data pybugs list), comma-separated",
+    )
     p.add_argument("--harness", default=",".join(DEMO_HARNESSES), help="harness names, comma-separated")
     p.add_argument("--upstream", default=None, help="use this vLLM instead of starting the embedded backend")
     p.add_argument("--model-dir", default=None)
@@ -60,6 +64,29 @@ def demo_tasks(names: list[str], harnesses: list[str]) -> list[Any]:
         names, plans=("fix_plan", "live"), sampling=DEMO_SAMPLING, agent_timeout_s=DEMO_AGENT_TIMEOUT_S
     )
     return expand_tasks(base, harnesses=harnesses, samples=2, builder="prefix_merging")
+
+
+def demo_specs(names: list[str]) -> list[Any]:
+    """The demo's base TaskSpecs: example tasks by name (`fix_plan` and a live sample), and real-repository tasks
+    named `pybugs:NAME` (`polar data pybugs list`; a fix and a noop sample, sandboxed over the PyPI release)."""
+    from nemo_polar.collect.collect import example_tasks
+    from nemo_polar.rollout.spec import TaskSpec
+
+    bugs = [n.removeprefix("pybugs:") for n in names if n.startswith("pybugs:")]
+    plain = [n for n in names if not n.startswith("pybugs:")]
+    specs: list[Any] = []
+    if plain:
+        specs += example_tasks(
+            plain, plans=("fix_plan", "live"), sampling=DEMO_SAMPLING, agent_timeout_s=DEMO_AGENT_TIMEOUT_S
+        )
+    if bugs:
+        from nemo_polar.tasks import pybugs
+
+        for spec in pybugs.task_specs(pybugs.select(bugs), runtime="local", plans=("fix", "noop")):
+            data = spec.model_dump(mode="json")
+            data["agent"].update(timeout_s=DEMO_AGENT_TIMEOUT_S, sampling=DEMO_SAMPLING)
+            specs.append(TaskSpec.model_validate(data))
+    return specs
 
 
 def _prepare(harnesses: list[str], need_backend: bool) -> str | None:
@@ -119,13 +146,8 @@ def _demo(args: argparse.Namespace) -> int:
         shutil.rmtree(out)
     out.mkdir(parents=True, exist_ok=True)
     # the demo's base tasks, as a TaskSpec file `polar collect` reads (the plans are per sample)
-    from nemo_polar.collect.collect import example_tasks
-
     spec_file = out / "demo_tasks.jsonl"
-    dump_jsonl(
-        example_tasks(names, plans=("fix_plan", "live"), sampling=DEMO_SAMPLING, agent_timeout_s=DEMO_AGENT_TIMEOUT_S),
-        spec_file,
-    )
+    dump_jsonl(demo_specs(names), spec_file)
     collect_args = _collect_args(
         tasks=str(spec_file),
         harness=",".join(harnesses),
