@@ -21,7 +21,15 @@ from typing import Any
 
 from nemo_polar.rundir import RunDir
 
-__all__ = ["DEMO_AGENT_TIMEOUT_S", "DEMO_HARNESSES", "DEMO_SAMPLING", "DEMO_TASKS", "demo_specs", "demo_tasks", "register"]
+__all__ = [
+    "DEMO_AGENT_TIMEOUT_S",
+    "DEMO_HARNESSES",
+    "DEMO_SAMPLING",
+    "DEMO_TASKS",
+    "demo_specs",
+    "demo_tasks",
+    "register",
+]
 
 DEMO_TASKS = ("median", "slugify", "lru_cache")  # fix plans that edit (Qwen Code reads before it edits)
 DEMO_HARNESSES = ("pi", "qwen_code")
