@@ -409,8 +409,11 @@ def test_async_collector_gets_the_patch_through_a_ray_setup_hook(monkeypatch: py
     ray.init(address="auto", runtime_env={"env_vars": {"A": "1"}})  # as NeMo RL's init_ray calls it
     assert seen["runtime_env"] == {"env_vars": {"A": "1"}, "worker_process_setup_hook": launch.RAY_SETUP_HOOK}
     # the hook itself: a no-op without the env flag; with it, it wraps the real rollouts module's group post-processing
-    original = rollouts._postprocess_single_nemo_gym_group
-    monkeypatch.setattr(rollouts, "_postprocess_single_nemo_gym_group", original)  # restored afterwards
+    current = rollouts._postprocess_single_nemo_gym_group
+    # other tests of this session (the CPU GRPO steps, the Gym results) install the patch in the module: start
+    # from NeMo RL's own function whatever ran before (restored afterwards)
+    original = getattr(current, "__wrapped__", current)
+    monkeypatch.setattr(rollouts, "_postprocess_single_nemo_gym_group", original)
     monkeypatch.delenv(patches.PATCH_ENV, raising=False)
     patches.ray_worker_setup()
     assert rollouts._postprocess_single_nemo_gym_group is original
