@@ -20,10 +20,6 @@ BUILTIN_EXCEPTIONS = {
     for n in dir(builtins)
     if isinstance(getattr(builtins, n), type) and issubclass(getattr(builtins, n), BaseException)
 }
-# classes of files another engineer has open right now; each is a strict xfail that must go once the file lands
-PENDING: dict[str, str] = {
-    "nemo_polar/runtime/engines.py::EngineError": "issue 16 (container runtime): runtime/engines.py is not committed yet",
-}
 
 
 def _exception_classes() -> list[tuple[str, str, list[str]]]:
@@ -58,14 +54,7 @@ def _offenders() -> list[str]:
 
 
 def test_every_exception_class_is_under_the_polar_root() -> None:
-    assert [o for o in _offenders() if o not in PENDING] == []
-
-
-@pytest.mark.parametrize(
-    "key", [pytest.param(k, marks=pytest.mark.xfail(strict=True, reason=r)) for k, r in PENDING.items()]
-)
-def test_pending_exception_class_is_under_the_polar_root(key: str) -> None:
-    assert key not in _offenders()
+    assert _offenders() == []
 
 
 def test_no_exception_name_is_defined_twice() -> None:

@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from nemo_polar.errors import PolarError
 from nemo_polar.runtime.sandbox import host_cache_root
 
 __all__ = [
@@ -43,7 +44,7 @@ ENGINES = ("docker", "podman")
 _DOCKER_READY_S = 60.0
 
 
-class EngineError(RuntimeError):
+class EngineError(PolarError, RuntimeError):
     """A container engine is not installed, could not be started, or a CLI call failed."""
 
 

@@ -33,6 +33,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from nemo_polar.errors import PolarError
 from nemo_polar.rollout.spec import TaskSpec
 from nemo_polar.runtime.sandbox import host_cache_root
 
@@ -59,7 +60,7 @@ _GIT_ENV = {
 }
 
 
-class PyBugError(RuntimeError):
+class PyBugError(PolarError, RuntimeError):
     """A task could not be built (download failed, checksum mismatch, the bug does not apply)."""
 
 
