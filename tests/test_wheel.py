@@ -53,7 +53,18 @@ def test_wheel_installs_and_imports_mapped_packages(tmp_path: Path) -> None:
     )
     (site / "project_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", str(wheel)],
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(py),
+            "install",
+            "-q",
+            "--no-deps",
+            "--force-reinstall",
+            str(wheel),
+        ],
         check=True,
         capture_output=True,
         timeout=300,
