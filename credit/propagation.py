@@ -344,21 +344,36 @@ def assign(
     out = []
     for i, g in enumerate(graphs):
         rv = rv_rewards(g, cfg.curation)
-        credit, parts = propagate(g, float(adv[i]), p, omega=omega, rv_reward=rv)
-        out.append(
-            CreditAssignment(
-                session_id=g.session_id,
-                group_id=None if group_ids is None else group_ids[i],
-                reward=float(r[i]),
-                advantage=float(adv[i]),
-                roles=g.roles(),
-                credit=credit,
-                factor=parts["factor"],
-                omega=parts["omega"],
-                share=parts["share"],
-                discount=parts["discount"],
-                scale=float(parts["scale"]),
-                rv_reward=rv,
-            )
-        )
+        group_id = None if group_ids is None else group_ids[i]
+        out.append(assign_one(g, float(adv[i]), float(r[i]), p, omega=omega, rv_reward=rv, group_id=group_id))
     return out
+
+
+def assign_one(
+    graph: CallGraph,
+    advantage: float,
+    reward: float,
+    p: PropagationConfig,
+    *,
+    omega: Mapping[str, float] | None = None,
+    rv_reward: torch.Tensor | None = None,
+    group_id: Hashable | None = None,
+) -> CreditAssignment:
+    """One trajectory's `CreditAssignment`: `propagate` with its trajectory advantage, ω and RV rewards (zeros when
+    none are given)."""
+    credit, parts = propagate(graph, advantage, p, omega=omega, rv_reward=rv_reward)
+    rv = rv_reward if rv_reward is not None else torch.zeros(len(graph.nodes), dtype=torch.float64)
+    return CreditAssignment(
+        session_id=graph.session_id,
+        group_id=group_id,
+        reward=reward,
+        advantage=advantage,
+        roles=graph.roles(),
+        credit=credit,
+        factor=parts["factor"],
+        omega=parts["omega"],
+        share=parts["share"],
+        discount=parts["discount"],
+        scale=float(parts["scale"]),
+        rv_reward=rv,
+    )

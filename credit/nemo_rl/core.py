@@ -19,7 +19,7 @@ import torch
 from nemo_polar.credit.calls import Action, Call
 from nemo_polar.credit.config import CallCreditConfig
 from nemo_polar.credit.graph import CallGraph, CallNode, Edge, build_edges
-from nemo_polar.credit.propagation import CreditAssignment
+from nemo_polar.credit.propagation import CreditAssignment, assign_one
 from nemo_polar.credit.propagation import propagate as core_propagate
 from nemo_polar.credit.roles import classify_calls
 
@@ -103,22 +103,7 @@ def row_assignment(
     rv_reward: torch.Tensor | None = None,
 ) -> CreditAssignment:
     """The core's `CreditAssignment` of one row (propagation with the given ω and RV rewards)."""
-    rv = rv_reward if rv_reward is not None else torch.zeros(len(graph.nodes), dtype=torch.float64)
-    credit, parts = core_propagate(graph, adv_tau, config.propagation, omega=omega, rv_reward=rv_reward)
-    return CreditAssignment(
-        session_id=graph.session_id,
-        group_id=None,
-        reward=float(reward),
-        advantage=float(adv_tau),
-        roles=graph.roles(),
-        credit=credit,
-        factor=parts["factor"],
-        omega=parts["omega"],
-        share=parts["share"],
-        discount=parts["discount"],
-        scale=float(parts["scale"]),
-        rv_reward=rv,
-    )
+    return assign_one(graph, float(adv_tau), float(reward), config.propagation, omega=omega, rv_reward=rv_reward)
 
 
 def call_credit(
