@@ -226,8 +226,14 @@ class HarnessAdapter:
         """Turn one plan step into native steps (a list: some CLIs need a read before an edit).
 
         `{"shell": cmd}`, `{"edit": {path, old, new}}` and `{"write": {path, content}}` become
-        `{"tool": <native name>, "arguments": {...}}`; every other step kind passes through unchanged.
+        `{"tool": <native name>, "arguments": {...}}`; a `{"choose": [...]}` step gets each option resolved (one
+        native step each); every other step kind passes through unchanged.
         """
+        if "choose" in step and isinstance(step["choose"], list):
+            options = [self.resolve_step(o, ctx) if isinstance(o, Mapping) else [o] for o in step["choose"]]
+            if any(len(o) != 1 for o in options):
+                raise PlanError(f"{self.name}: a choose option must resolve to exactly one step: {step!r}")
+            return [{**step, "choose": [o[0] for o in options]}]
         if "shell" in step:
             if not isinstance(step["shell"], str):
                 raise PlanError(f"shell step needs a command string: {step!r}")

@@ -2,7 +2,8 @@
 """What the proxy generates for one harness call: one strategy per plan-step kind, and prefix preservation.
 
 A call's plan step (or none) picks its strategy: `live` (the engine samples), `forced` (a `tool`/`text` step: the
-engine generates the exact text under a grammar, then the tokens are re-scored), `replay` (a stored record's answer,
+engine generates the exact text under a grammar, then the tokens are re-scored), `choose` (a live sample that a
+grammar restricts to one of several `tool`/`text` steps' texts: the policy's own choice, re-scored the same way), `replay` (a stored record's answer,
 no model call), `next_best` (n seeded samples, the best that differs from an excluded record). Prefix-preserving
 generation (docs/contracts.md) has its two mechanisms here and nowhere else: `splice` (the prompt is built from the
 session's chain tip and sent as token ids to stock vLLM) and `nemo_rl` (the chain tip is sent as
@@ -33,8 +34,13 @@ __all__ = ["CallContext", "Generator", "plan_kind"]
 
 log = logging.getLogger(__name__)
 
-LIVE, FORCED, REPLAY, NEXT_BEST = "live", "forced", "replay", "next_best"
-_ORIGIN = {LIVE: Origin.LIVE.value, NEXT_BEST: Origin.LIVE.value, FORCED: Origin.FORCED.value}
+LIVE, FORCED, REPLAY, NEXT_BEST, CHOOSE = "live", "forced", "replay", "next_best", "choose"
+_ORIGIN = {
+    LIVE: Origin.LIVE.value,
+    NEXT_BEST: Origin.LIVE.value,
+    CHOOSE: Origin.LIVE.value,
+    FORCED: Origin.FORCED.value,
+}
 
 
 def plan_kind(step: dict[str, Any] | None, tool_call_format: str) -> tuple[str, str | None]:
@@ -45,6 +51,8 @@ def plan_kind(step: dict[str, Any] | None, tool_call_format: str) -> tuple[str, 
         return REPLAY, None
     if "next_best" in step:
         return NEXT_BEST, None
+    if "choose" in step:
+        return CHOOSE, None
     text = plans.forced_text(step, tool_call_format)
     return (FORCED, text) if text is not None else (LIVE, None)
 
@@ -89,6 +97,10 @@ class Generator:
         if ctx.kind == FORCED:
             assert ctx.forced_text is not None
             return await self._forced(ctx, ctx.forced_text)
+        if ctx.kind == CHOOSE:
+            assert ctx.step is not None
+            options = [plans.forced_text(o, self.config.tool_call_format) for o in ctx.step["choose"]]
+            return await self._forced(ctx, [o for o in options if o is not None])
         return await self._live(ctx)
 
     async def events(self, ctx: CallContext, gen: Generation) -> AsyncGenerator[list[StreamEvent], None]:
@@ -186,18 +198,20 @@ class Generator:
         self._advance_tip(ctx, gen)
         return gen
 
-    async def _forced(self, ctx: CallContext, text: str) -> Generation:
+    async def _forced(self, ctx: CallContext, text: str | list[str]) -> Generation:
+        """A forced step (one text), or a `choose` step (a live sample the grammar restricts to these texts)."""
+        choices = [text] if isinstance(text, str) else text
         call = ctx.call
         ctk = {**(call.sampling.get("chat_template_kwargs") or {}), "enable_thinking": False}
         # the grammar ends the generation with the forced text: a max_tokens cap could only truncate it
         call.sampling = {k: v for k, v in call.sampling.items() if k != "max_tokens"}
         call.sampling["chat_template_kwargs"] = ctk
-        extra: dict[str, Any] = {"structured_outputs": {"choice": [text]}}
+        extra: dict[str, Any] = {"structured_outputs": {"choice": choices}}
         prompt = await self._spliced_prompt(ctx)
         if prompt is not None:
             # /v1/completions defaults to 16 tokens; the grammar may spell the text with any tokenization, at worst
             # one token per byte: that bound always leaves room for the whole text and its end of turn
-            extra["max_tokens"] = len(text.encode()) + 8
+            extra["max_tokens"] = max(len(c.encode()) for c in choices) + 8
             gen = await self._complete_spliced(call, prompt, extra=extra)
         else:
             call.extra.update(extra)
@@ -206,7 +220,7 @@ class Generator:
             gen = await self.engine.chat(call)  # the grammar fixes the text: no required prefix is sent
         res = gen.result
         assert res is not None
-        gen.extra["forced_text"] = text
+        gen.extra["forced_text" if isinstance(text, str) else "choices"] = text
         gen.extra["grammar_log_probs"] = res.generation_log_probs
         limit = self.config.rescore_forced_max_prompt_tokens
         if len(res.prompt_token_ids) > limit:

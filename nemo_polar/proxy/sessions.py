@@ -29,7 +29,7 @@ __all__ = ["Classifier", "Plan", "PlanError", "Session", "SessionError", "Sessio
 Classifier = Callable[[dict[str, Any]], str]
 
 _SAMPLING_KEYS = frozenset({"temperature", "top_p", "top_k", "max_tokens", "seed", "chat_template_kwargs"})
-_STEP_KINDS = ("tool", "text", "live", "replay", "next_best")
+_STEP_KINDS = ("tool", "text", "live", "replay", "next_best", "choose")
 
 
 class SessionError(PolarError):
@@ -84,6 +84,14 @@ class Plan:
                 raise PlanError(f"{where}.arguments must be an object")
         elif kind == "text" and not isinstance(step["text"], str):
             raise PlanError(f"{where}.text must be a string")
+        elif kind == "choose":
+            options = step["choose"]
+            if not isinstance(options, list) or not options:
+                raise PlanError(f"{where}.choose must be a non-empty list of tool or text steps")
+            for i, option in enumerate(options):
+                if not isinstance(option, dict) or not any(k in option for k in ("tool", "text")):
+                    raise PlanError(f"{where}.choose[{i}] must be a tool or text step")
+                Plan._check_step(option, f"{where}.choose[{i}]")
         elif kind == "live" and step["live"] is not True:
             raise PlanError(f"{where}.live must be true")
         elif kind == "replay":

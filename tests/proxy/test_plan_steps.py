@@ -161,3 +161,25 @@ def test_next_best_samples_n_seeds_and_keeps_the_best_differing_one(loop_thread:
         assert h.records(s3.session_id)[0].upstream["next_best"]["chosen"] == 0
     finally:
         loop_thread.run(fake.stop())
+
+
+def test_choose_step_is_a_live_grammar_choice_among_resolved_options() -> None:
+    """`choose` (benchmarks/learning_curve.py's decisive call): options are tool/text steps, the call is live."""
+    from harness_adapters.base import HarnessContext
+    from harness_adapters.shell import ShellAdapter
+    from nemo_polar.proxy.generation import CHOOSE, plan_kind
+
+    opts = [{"tool": "write", "arguments": {"path": "a.py", "content": "x"}}, {"text": "no"}]
+    ok = Plan.parse({"steps": [{"choose": opts}]})
+    assert plan_kind(ok.steps[0], "hermes") == (CHOOSE, None)
+    for bad in ({"choose": []}, {"choose": "a"}, {"choose": [{"live": True}]}, {"choose": [{"tool": ""}]}):
+        with pytest.raises(PlanError):
+            Plan.parse({"steps": [bad]})
+    ctx = HarnessContext(base_url="http://x", api_key="k", model="m", workdir="/w", home="/h")
+    (step,) = ShellAdapter().resolve_step({"choose": [{"shell": "ls"}, {"write": {"path": "b", "content": "y"}}]}, ctx)
+    assert step == {
+        "choose": [
+            {"tool": "bash", "arguments": {"command": "ls"}},
+            {"tool": "write", "arguments": {"path": "/w/b", "content": "y"}},
+        ]
+    }
