@@ -68,7 +68,7 @@ def _imports(path: Path, modname: str, *, module_level: bool = False) -> set[str
     return found
 
 
-CORE_LEAVES = ("nemo_polar.errors", "nemo_polar.loading", "nemo_polar.types")
+CORE_LEAVES = ("nemo_polar.errors", "nemo_polar.keywords", "nemo_polar.loading", "nemo_polar.types")
 ABOVE_ROLLOUT = (
     "nemo_polar.collect",
     "nemo_polar.data",
@@ -94,6 +94,7 @@ def _all_but(*allowed: str) -> tuple[str, ...]:
 RULES: list[tuple[str, tuple[str, ...], str]] = [
     ("nemo_polar.errors", ("nemo_polar",), "errors.py imports nothing of ours"),
     ("nemo_polar.loading", _all_but("nemo_polar.errors"), "loading.py imports only errors"),
+    ("nemo_polar.keywords", ("nemo_polar",), "keywords.py imports nothing of ours"),
     ("nemo_polar.types", _all_but("nemo_polar.errors"), "types.py is a leaf (errors only)"),
     ("nemo_polar.trajectory", _all_but(*CORE_LEAVES), "trajectory imports only types/errors/loading"),
     ("nemo_polar.harness_adapters", _all_but(*CORE_LEAVES), "adapters see a small context object, not the gateway"),

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from nemo_polar.keywords import same_named
 from nemo_polar.loading import load_object
 from nemo_polar.rundir import RunDir
 
@@ -131,19 +132,9 @@ def run_collect(args: argparse.Namespace) -> int:
     if not isinstance(sampling, dict):
         console.print("polar collect: --sampling must be a JSON object")
         return 2
+    # the flags are named as CollectOptions' fields; --upstream, --sampling and --no-credit are converted
     opts = CollectOptions(
-        out=args.out,
-        upstream=upstream,
-        embedded_model=args.embedded_model,
-        run_slots=args.run_slots,
-        init_workers=args.init_workers,
-        ready_buffer=args.ready_buffer,
-        postrun_workers=args.postrun_workers,
-        node_timeout_s=args.node_timeout_s,
-        sampling=sampling,
-        max_attempts=args.max_attempts,
-        accept_threshold=args.accept_threshold,
-        credit=not args.no_credit,
+        **same_named(args, CollectOptions, upstream=upstream, sampling=sampling, credit=not args.no_credit)
     )
     progress = CollectProgress(console, live=False if args.no_live else None, accept_threshold=args.accept_threshold)
     try:

@@ -11,9 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from nemo_polar.data.swe_gym import DEFAULT_IMAGE_PREFIX, SweGymError, convert_file
+from nemo_polar.keywords import same_named
 from nemo_polar.rundir import RunDir
 
 __all__ = ["register"]
+
+# the `swe-gym` flags passed on to `convert_file` (each named as its option)
+SWE_GYM_OPTIONS = ("runtime", "harness", "builder", "num_samples", "timeout_s", "image_prefix")
 
 
 def register(subparsers: Any) -> None:
@@ -78,16 +82,7 @@ def _pybugs(args: argparse.Namespace) -> int:
 
 def _swe_gym(args: argparse.Namespace) -> int:
     try:
-        rows, tasks = convert_file(
-            args.input,
-            args.out,
-            runtime=args.runtime,
-            harness=args.harness,
-            builder=args.builder,
-            num_samples=args.num_samples,
-            timeout_s=args.timeout_s,
-            image_prefix=args.image_prefix,
-        )
+        rows, tasks = convert_file(args.input, args.out, **same_named(args, SWE_GYM_OPTIONS))
     except SweGymError as exc:
         print(exc, file=sys.stderr)
         return 1

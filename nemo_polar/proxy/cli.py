@@ -15,6 +15,8 @@ import logging
 import sys
 from typing import Any
 
+from nemo_polar.keywords import same_named
+
 __all__ = ["register"]
 
 
@@ -80,20 +82,9 @@ def _run(args: argparse.Namespace) -> int:
             print(f"polar proxy: --upstream {url}: {exc} (e.g. http://127.0.0.1:8000)", file=sys.stderr)
             return 2
     sampling: dict[str, Any] = json.loads(args.sampling) if args.sampling else {}
+    # every flag but --upstream / --store is named as its ProxyConfig field
     cfg = ProxyConfig(
-        upstreams=args.upstream,
-        store_dir=args.store,
-        engine=args.engine,
-        served_model=args.served_model,
-        sampling=sampling,
-        strict_models=args.strict_models,
-        prefix_preserving=args.prefix_preserving,
-        model_dir=args.model_dir,
-        chat_template=args.chat_template,
-        fsync=args.fsync,
-        read_timeout_s=args.read_timeout_s,
-        connect_timeout_s=args.connect_timeout_s,
-        routing=args.routing,
+        **same_named(args, ProxyConfig, upstreams=args.upstream, store_dir=args.store, sampling=sampling)
     )
     run(cfg, host=args.host, port=args.port)
     return 0

@@ -24,6 +24,7 @@ from typing import Any, Literal
 from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from nemo_polar.keywords import same_named
 from nemo_polar.rollout.auth import check_bind, resolve_secret
 from nemo_polar.rollout.gateway import Gateway, GatewayConfig
 from nemo_polar.rollout.proxylink import HostedProxy
@@ -120,14 +121,14 @@ class StackConfig(BaseModel):
         from nemo_polar.proxy.app import ProxyConfig
 
         return ProxyConfig(
-            upstreams=list(self.upstreams),
-            store_dir=store_dir,
-            served_model=self.served_model,
-            sampling=dict(self.sampling),
-            routing=self.routing,
-            prefix_preserving=self.prefix_preserving,
-            model_dir=self.model_dir,
-            eot_token_ids=list(self.eot_token_ids) if self.eot_token_ids else None,
+            **same_named(
+                self,
+                ProxyConfig,
+                store_dir=store_dir,
+                upstreams=list(self.upstreams),
+                sampling=dict(self.sampling),
+                eot_token_ids=list(self.eot_token_ids) if self.eot_token_ids else None,
+            )
         )
 
     def gateway_config(self, node_id: str, server_url: str | None) -> GatewayConfig:
@@ -135,29 +136,24 @@ class StackConfig(BaseModel):
         if self.eot_token_ids:
             builder_options.setdefault("eot_token_ids", list(self.eot_token_ids))
         cfg = GatewayConfig(
-            node_id=node_id,
-            work_dir=str(self.node_dir(node_id).root),
-            init_workers=self.init_workers,
-            ready_buffer=self.ready_buffer,
-            run_slots=self.run_slots,
-            postrun_workers=self.postrun_workers,
-            server_url=server_url,
-            heartbeat_s=self.heartbeat_s,
-            model=self.served_model or "polar",
-            builder_options=builder_options,
-            keep_runtimes=self.keep_runtimes,
-            secret=self.secret,
+            **same_named(
+                self,
+                GatewayConfig,
+                node_id=node_id,
+                work_dir=str(self.node_dir(node_id).root),
+                server_url=server_url,
+                model=self.served_model or "polar",
+                builder_options=builder_options,
+            )
         )
         cfg.check()
         return cfg
 
     def server_config(self) -> ServerConfig:
         return ServerConfig(
-            journal_path=self.journal_path or str(RunDir(self.work_dir).rollout_journal),
-            node_timeout_s=self.node_timeout_s,
-            dispatch_grace_s=self.dispatch_grace_s,
-            max_attempts=self.max_attempts,
-            secret=self.secret,
+            **same_named(
+                self, ServerConfig, journal_path=self.journal_path or str(RunDir(self.work_dir).rollout_journal)
+            )
         )
 
 

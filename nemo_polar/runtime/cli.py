@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from nemo_polar.harness_adapters import BUILTIN
+from nemo_polar.keywords import same_named
 from nemo_polar.rollout.stack import add_stack_flags, config_from_args
 from nemo_polar.rundir import RunDir
 
@@ -35,20 +36,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
     proxy_options = config_from_args(args, upstreams=[args.upstream], serve_rollout=False, gateways=0)
     out.mkdir(parents=True, exist_ok=True)
     run = asyncio.run(
-        run_session(
-            harness=args.harness,
-            workdir=Path(args.workdir),
-            instruction=args.instruction,
-            upstream=args.upstream,
-            out=out,
-            plan=plan,
-            model=args.model,
-            builder=args.builder,
-            timeout_s=args.timeout_s,
-            provider_api=args.provider_api,
-            command_line=args.command_line,
-            served_model=proxy_options.served_model,
-            proxy_options={k: getattr(proxy_options, k) for k in PROXY_PASSTHROUGH},
+        run_session(  # the other flags are named as run_session's parameters
+            **same_named(
+                args,
+                run_session,
+                workdir=Path(args.workdir),
+                out=out,
+                plan=plan,
+                served_model=proxy_options.served_model,
+                proxy_options=same_named(proxy_options, PROXY_PASSTHROUGH),
+            )
         )
     )
     print(json.dumps({"out": str(run.out), "exit_code": run.exit_code, "records": run.records,
