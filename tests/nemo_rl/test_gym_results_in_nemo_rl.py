@@ -150,3 +150,54 @@ def test_per_call_advantages_follow_the_polar_calls_through_nemo_rl_batching(
         assert torch.all(ig == ig[0]) and torch.all(ae == ae[0])  # one value per call
         assert float(ig[0]) != float(ae[0])  # roles weigh calls differently (ω_AE ≠ ω_IG)
     assert float(adv[0, 7]) > 0 > float(adv[1, 7])  # the rewarded session's AE call is pushed up, the other down
+
+
+def test_delivery_metrics_reach_nemo_rl_rollout_metrics_and_a_dropped_chain_is_warned_about(
+    convert: ModuleType, tokenizer: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The undelivered share is visible to a NeMo RL user: `polar_agent`'s top-level delivery numbers come out of
+    NeMo RL's own group post-processing as per-agent rollout metrics, and the agent warns about a dropped chain."""
+    import logging
+
+    from nemo_rl.experience import rollouts
+    from nemo_rl.utils.timer import Timer
+
+    spec = importlib.util.spec_from_file_location("polar_agent_app_nrl", AGENT_DIR / "app.py")
+    assert spec is not None and spec.loader is not None
+    polar_agent = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, polar_agent)
+    spec.loader.exec_module(polar_agent)
+
+    results, expected = [], []
+    for sid, extra in (("s1", []), ("s2", [13, 14])):
+        session = _session(sid, extra)
+        sent = convert.delivery(session, [])  # no records: each call's generated tokens are its span's
+        metrics = convert.delivery_metrics(sent)
+        result = _nemo_rl_result(convert, session, 1.0, tokenizer)
+        verify = polar_agent.PolarAgentVerifyResponse.model_validate(
+            {**result["full_result"], "responses_create_params": {"input": []}, **metrics}
+        )
+        result["full_result"] = {**result["full_result"], **verify.model_dump(include=set(metrics))}
+        results.append(result)
+        expected.append(metrics["polar_delivered_tokens_fraction"])
+    assert expected == [3 / 5, (3 + 2) / (5 + 2)]  # the side chain's 2 tokens are what is left out
+    group = rollouts._postprocess_single_nemo_gym_group(
+        [ROW, ROW],
+        results,
+        Timer(),
+        "test",
+        SimpleNamespace(cfg={"max_total_sequence_length": 4096}),
+        {"loss_multiplier": torch.ones(2)},
+        tokenizer,
+        False,
+    )
+    logged = group.rollout_metrics
+    assert logged["a/polar_delivered_tokens_fraction/mean"] == pytest.approx(sum(expected) / 2)
+    assert logged["a/polar_undelivered_calls/mean"] == 1.0 and logged["a/polar_undelivered_tokens/max"] == 2.0
+    # the warning: once per newly dropped chain kind in the process, with the numbers
+    agent = SimpleNamespace(_warned_chains=set(), config=SimpleNamespace(harness="pi"))
+    with caplog.at_level(logging.WARNING, logger="polar_agent"):
+        for _ in range(2):
+            polar_agent.PolarAgent._warn_undelivered(agent, convert.delivery(_session("s1", []), []), "s1")
+    warned = [r.getMessage() for r in caplog.records if r.name == "polar_agent"]
+    assert len(warned) == 1 and "2 of 3 calls" in warned[0] and "side: 1 calls, 2 generated" in warned[0], warned

@@ -7,13 +7,16 @@ one-sample TaskSpec with the configured `harness` and `builder` → the session'
 whose last item per model call carries `prompt_token_ids` / `generation_token_ids` / `generation_log_probs`
 (one contiguous chain, as NeMo RL requires) → `polar_swe /verify` (swe_tests on a fresh runtime) → the verify
 JSON plus `polar_calls` (docs/nemo.md: one entry per generated segment of the delivered chain) and `polar` (builder
-stats with `delivered_fraction`, and every other chain, reported rather than silently lost).
+stats with `delivered_fraction`, and every other chain, reported rather than silently lost), and the delivery numbers
+as top-level keys (`polar_delivered_tokens_fraction`, ...: NeMo RL logs them per step); the first time a session
+leaves a kind of chain out, a warning says how much (docs/nemo.md).
 
 The agent runs no model calls itself (`/v1/responses` is refused): the harness talks to the proxy.
 """
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 import uuid
@@ -30,11 +33,13 @@ from nemo_gym.server_utils import get_response_json, raise_for_status
 from pydantic import ConfigDict, Field
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # siblings, however Gym or a test imports this file
-from convert import gym_response, polar_calls, polar_summary
+from convert import delivery_metrics, gym_response, polar_calls, polar_summary, undelivered_note
 
 from nemo_polar.data.swe_gym import task_from_gym_row
 from nemo_polar.rollout.client import PolarClient
 from nemo_polar.types import CompletionRecord, SessionResult
+
+log = logging.getLogger("polar_agent")
 
 
 class PolarAgentConfig(BaseResponsesAPIAgentConfig):
@@ -74,11 +79,18 @@ class PolarAgentVerifyResponse(BaseVerifyResponse):
     # NeMo RL reads the mask flag from here (`full_result["instance_config"]["mask_sample"]`, rollouts.py at the
     # pinned commit); the top-level `mask_sample` stays for Gym's own metrics and readers of the verify JSON
     instance_config: dict[str, Any] = Field(default_factory=dict)
+    # what of the session this one record delivers (convert.delivery_metrics); NeMo RL logs top-level numbers
+    polar_delivered_calls_fraction: float | None = None
+    polar_delivered_tokens_fraction: float | None = None
+    polar_delivered_trainable_fraction: float | None = None
+    polar_undelivered_calls: int | None = None
+    polar_undelivered_tokens: int | None = None
 
 
 class PolarAgent(SimpleResponsesAPIAgent):
     ray_enabled: ClassVar[bool | None] = False  # Gym 0.7 reads it from the class; 0.5.1 does not know it
     config: PolarAgentConfig
+    _warned_chains: ClassVar[set[str]] = set()  # chain kinds already warned about in this process
 
     async def responses(self, body: NeMoGymResponseCreateParamsNonStreaming = Body()) -> NeMoGymResponse:
         raise HTTPException(400, "polar_agent runs a harness CLI through the Polar proxy; POST /run a task row")
@@ -144,7 +156,11 @@ class PolarAgent(SimpleResponsesAPIAgent):
         response = gym_response(result, records, model=task.agent.model or "polar", created_at=int(time.time()))
         verify = await self._post("/verify", {**row, "response": response, "diff": session["diff"]})
         out = PolarAgentVerifyResponse.model_validate(verify)
-        out.polar = polar_summary(result, elapsed_s=time.monotonic() - t0)
+        out.polar = polar_summary(result, elapsed_s=time.monotonic() - t0, records=records)
+        sent = out.polar["delivery"]
+        for key, value in delivery_metrics(sent).items():
+            setattr(out, key, value)
+        self._warn_undelivered(sent, result.session_id)
         if c.annotate_calls:
             out.polar_calls = polar_calls(result, records, harness=c.harness)
         ev = result.eval
@@ -154,6 +170,16 @@ class PolarAgent(SimpleResponsesAPIAgent):
             out.failure_kind = f"polar_swe:{kind or 'rollout_failed'}"
             out.failure_reason = (ev.failure_reason if ev else None) or out.failure_reason
         return with_instance_config(out)
+
+    def _warn_undelivered(self, sent: dict[str, Any], session_id: str) -> None:
+        """Warn when a session leaves out a kind of chain not seen left out before in this process (the per-step
+        numbers are in NeMo RL's metrics; one line per new kind keeps a 64-session step readable)."""
+        kinds = {c["chain"] for c in sent["chains"] if not c["delivered"] and c["calls"]}
+        if kinds - self._warned_chains:
+            self._warned_chains.update(kinds)
+            note = undelivered_note(sent, session_id=session_id)
+            if note:
+                log.warning("polar_agent (%s): %s", self.config.harness, note)
 
 
 def with_instance_config(out: PolarAgentVerifyResponse) -> PolarAgentVerifyResponse:

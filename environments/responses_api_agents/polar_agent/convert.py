@@ -8,6 +8,10 @@
   (`call_index` session-wide, `parents` = causal edges).
 - `polar_summary`: builder stats (`delivered_fraction`, splits, …) and every chain NOT delivered (kind, calls,
   trainable tokens), so nothing is lost silently.
+- `delivery` / `delivery_metrics` / `undelivered_note`: how much of the session (calls, generated tokens, trainable
+  tokens) reaches the trainer through this one record, per chain; the flat numbers become top-level result keys,
+  which NeMo RL logs per agent and step (`<agent>/polar_delivered_tokens_fraction/mean`, ...), and the note is the
+  warning a user sees when a chain kind is left out (docs/nemo.md).
 
 Pure functions of data: no NeMo Gym import, no network.
 """
@@ -20,7 +24,15 @@ from nemo_polar.trajectory import to_gym_output_items
 from nemo_polar.trajectory.export import trained_calls
 from nemo_polar.types import ChainKind, CompletionRecord, SessionResult, Trace
 
-__all__ = ["delivered_trace", "gym_response", "polar_calls", "polar_summary"]
+__all__ = [
+    "delivered_trace",
+    "delivery",
+    "delivery_metrics",
+    "gym_response",
+    "polar_calls",
+    "polar_summary",
+    "undelivered_note",
+]
 
 
 def delivered_trace(result: SessionResult) -> Trace | None:
@@ -84,7 +96,9 @@ def polar_calls(result: SessionResult, records: list[CompletionRecord], *, harne
     return out
 
 
-def polar_summary(result: SessionResult, *, elapsed_s: float) -> dict[str, Any]:
+def polar_summary(
+    result: SessionResult, *, elapsed_s: float, records: list[CompletionRecord] | None = None
+) -> dict[str, Any]:
     traj = result.trajectory
     delivered = delivered_trace(result)
     others = [
@@ -111,4 +125,96 @@ def polar_summary(result: SessionResult, *, elapsed_s: float) -> dict[str, Any]:
         "failure": result.metadata.get("failure"),
         "timing": dict(result.timing),
         "elapsed_s": elapsed_s,
+        **({"delivery": delivery(result, records)} if records is not None else {}),
     }
+
+
+def _chain_label(trace: Trace) -> str:
+    """`side`, `subagent`, `post_compaction`, or `main (<split reason>)` for a main chain after the first."""
+    if trace.chain_kind != ChainKind.MAIN.value:
+        return trace.chain_kind
+    return f"main ({trace.metadata.get('split_reason') or 'split'})"
+
+
+def delivery(result: SessionResult, records: list[CompletionRecord]) -> dict[str, Any]:
+    """What of the session reaches the trainer through its one Gym record, and what does not (docs/nemo.md).
+
+    Counted over the session's successful model calls (`records` without `error`), sampled or forced alike (in a
+    real session every call is the policy's): `calls`, `generated_tokens` (each call's completion tokens) and
+    `trainable_tokens` (the builder's loss mask), in total and delivered. `chains`: one entry per trace (`chain`:
+    `main`, `main (<split reason>)`, `side`, `subagent`, `post_compaction`) plus `dropped` for calls no trace
+    holds (side calls under `side_calls: drop`), each with `delivered`, `calls`, `generated_tokens`,
+    `trainable_tokens`. A call's generated tokens are its record's, or its span's length without the record.
+    """
+    ok = {r.id: r for r in records if r.error is None}
+    sent = delivered_trace(result)
+    seen: set[str] = set()
+    chains: list[dict[str, Any]] = []
+    for i, t in enumerate(result.trajectory.traces):
+        calls = [(rid, e - s) for rid, s, e in t.call_spans if rid not in seen]
+        seen.update(rid for rid, _ in calls)
+        chains.append(
+            {
+                "trace_index": i,
+                "chain": "main" if t is sent else _chain_label(t),
+                "delivered": t is sent,
+                "calls": len(calls),
+                "generated_tokens": sum(len(ok[rid].generation_token_ids) if rid in ok else n for rid, n in calls),
+                "trainable_tokens": sum(t.loss_mask),
+            }
+        )
+    loose = [r for rid, r in ok.items() if rid not in seen]
+    if loose:
+        chains.append(
+            {
+                "trace_index": None,
+                "chain": "dropped",
+                "delivered": False,
+                "calls": len(loose),
+                "generated_tokens": sum(len(r.generation_token_ids) for r in loose),
+                "trainable_tokens": 0,
+            }
+        )
+    out: dict[str, Any] = {"chains": chains}
+    for key in ("calls", "generated_tokens", "trainable_tokens"):
+        out[key] = sum(c[key] for c in chains)
+        out[f"delivered_{key}"] = sum(c[key] for c in chains if c["delivered"])
+    return out
+
+
+def _share(part: int, whole: int) -> float:
+    return part / whole if whole else 1.0
+
+
+def delivery_metrics(d: dict[str, Any]) -> dict[str, float | int]:
+    """Flat numbers for the top level of the Gym result: NeMo RL logs every top-level number of a result per agent
+    (`<agent>/<key>/mean|min|max|...`, rollouts.py's per-agent metrics), so these show up in a GRPO run's logs.
+    A fraction is 1.0 when there is nothing to count."""
+    return {
+        "polar_delivered_calls_fraction": _share(d["delivered_calls"], d["calls"]),
+        "polar_delivered_tokens_fraction": _share(d["delivered_generated_tokens"], d["generated_tokens"]),
+        "polar_delivered_trainable_fraction": _share(d["delivered_trainable_tokens"], d["trainable_tokens"]),
+        "polar_undelivered_calls": d["calls"] - d["delivered_calls"],
+        "polar_undelivered_tokens": d["generated_tokens"] - d["delivered_generated_tokens"],
+    }
+
+
+def undelivered_note(d: dict[str, Any], *, session_id: str) -> str | None:
+    """One line saying what of a session the trainer does not get (None when everything is delivered)."""
+    missed = [c for c in d["chains"] if not c["delivered"] and c["calls"]]
+    if not missed:
+        return None
+    by: dict[str, list[int]] = {}
+    for c in missed:
+        acc = by.setdefault(c["chain"], [0, 0, 0])
+        acc[0] += c["calls"]
+        acc[1] += c["generated_tokens"]
+        acc[2] += c["trainable_tokens"]
+    parts = ", ".join(f"{k}: {n} calls, {g} generated / {t} trainable tokens" for k, (n, g, t) in sorted(by.items()))
+    tok = _share(d["delivered_generated_tokens"], d["generated_tokens"])
+    return (
+        f"session {session_id}: the trainer gets {d['delivered_calls']} of {d['calls']} calls "
+        f"({100 * tok:.1f} % of generated tokens); not delivered: {parts}. NeMo RL's Gym path takes one contiguous "
+        "chain per row (docs/nemo.md); per step, see <agent>/polar_delivered_tokens_fraction and "
+        "<agent>/polar_undelivered_tokens in NeMo RL's rollout metrics"
+    )
