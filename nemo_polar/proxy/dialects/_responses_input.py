@@ -14,26 +14,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nemo_polar.proxy.dialects._common import (
-    CallIds,
-    as_dict,
-    assistant_message,
-    bad,
-    canonical_arguments,
-    check_tool_name,
-    collapse_parts,
-    content_parts,
-    function_tool,
-    image_part,
-    opt_dict,
-    opt_list,
-    opt_str,
-    req_str,
-    schema_dict,
-    text_part,
-    tool_call_dict,
-    tool_message,
-)
+from nemo_polar.proxy.dialects import _common as common
 
 HOSTED_TOOLS = {
     "web_search",
@@ -65,26 +46,26 @@ class ToolSet:
         if v is None:
             return
         if not isinstance(v, list):
-            bad(f"{path}: expected an array", param=path)
+            common.bad(f"{path}: expected an array", param=path)
         for i, t in enumerate(v):
-            self._one(as_dict(t, f"{path}[{i}]"), f"{path}[{i}]", namespace)
+            self._one(common.as_dict(t, f"{path}[{i}]"), f"{path}[{i}]", namespace)
 
     def _one(self, t: dict[str, Any], path: str, namespace: str | None) -> None:
         kind = t.get("type")
         if kind == "namespace" and namespace is None:
-            ns = check_tool_name(t.get("name"), f"{path}.name")
-            inner = opt_list(t, "tools", f"{path}.tools", required=True)
+            ns = common.check_tool_name(t.get("name"), f"{path}.name")
+            inner = common.opt_list(t, "tools", f"{path}.tools", required=True)
             self.add(inner, f"{path}.tools", ns)
             return
         if kind in ("function", "custom"):
-            name = check_tool_name(t.get("name"), f"{path}.name")
-            desc = opt_str(t, "description", f"{path}.description")
+            name = common.check_tool_name(t.get("name"), f"{path}.name")
+            desc = common.opt_str(t, "description", f"{path}.description")
             flat = flat_name(namespace, name) if namespace else name
             if kind == "function":
-                params = schema_dict(t.get("parameters"), f"{path}.parameters")
+                params = common.schema_dict(t.get("parameters"), f"{path}.parameters")
             else:
-                params = _custom_schema(opt_dict(t, "format", f"{path}.format"), f"{path}.format")
-            self.tools.append(function_tool(flat, desc, params))
+                params = _custom_schema(common.opt_dict(t, "format", f"{path}.format"), f"{path}.format")
+            self.tools.append(common.function_tool(flat, desc, params))
             if kind == "custom" or namespace:
                 entry: dict[str, Any] = {"kind": kind, "name": name}
                 if namespace:
@@ -94,15 +75,15 @@ class ToolSet:
         if isinstance(kind, str) and (kind in HOSTED_TOOLS or kind.startswith("web_search")):
             self.extra.setdefault("dropped_tools", []).append(kind)
             return
-        bad(f"{path}.type: unsupported tool type {kind!r}", param=f"{path}.type")
+        common.bad(f"{path}.type: unsupported tool type {kind!r}", param=f"{path}.type")
 
 
 def _custom_schema(fmt: dict[str, Any] | None, path: str) -> dict[str, Any]:
     """A freeform custom tool as a function with one string argument; a grammar format goes into its description."""
     prop: dict[str, Any] = {"type": "string"}
     if fmt is not None and fmt.get("type") == "grammar":
-        syntax = opt_str(fmt, "syntax", f"{path}.syntax") or "grammar"
-        definition = opt_str(fmt, "definition", f"{path}.definition") or ""
+        syntax = common.opt_str(fmt, "syntax", f"{path}.syntax") or "grammar"
+        definition = common.opt_str(fmt, "definition", f"{path}.definition") or ""
         prop["description"] = f"Freeform input matching this {syntax} grammar:\n{definition}"
     return {"type": "object", "properties": {"input": prop}, "required": ["input"]}
 
@@ -113,7 +94,7 @@ def _custom_schema(fmt: dict[str, Any] | None, path: str) -> dict[str, Any]:
 class InputItems:
     """Walks input items; reasoning, assistant messages and calls accumulate into one assistant turn."""
 
-    def __init__(self, ids: CallIds, tools: ToolSet, system_texts: list[str], extra: dict[str, Any]):
+    def __init__(self, ids: common.CallIds, tools: ToolSet, system_texts: list[str], extra: dict[str, Any]):
         self.ids = ids
         self.tools = tools
         self.system_texts = system_texts
@@ -126,7 +107,7 @@ class InputItems:
 
     def run(self, items: list[Any]) -> list[dict[str, Any]]:
         for i, it in enumerate(items):
-            self._item(as_dict(it, f"input[{i}]"), f"input[{i}]")
+            self._item(common.as_dict(it, f"input[{i}]"), f"input[{i}]")
         self._flush()
         return self.out
 
@@ -134,7 +115,7 @@ class InputItems:
         if not self._pending:
             return
         reasoning = "\n".join(self._reasoning) if self._reasoning else None
-        self.out.append(assistant_message(collapse_parts(self._parts), self._calls, reasoning))
+        self.out.append(common.assistant_message(common.collapse_parts(self._parts), self._calls, reasoning))
         self._parts, self._calls, self._reasoning, self._pending = [], [], [], False
 
     def _item(self, it: dict[str, Any], path: str) -> None:
@@ -144,13 +125,13 @@ class InputItems:
         elif kind == "reasoning":
             self._pending = True
             texts = [
-                req_str(as_dict(c, f"{path}.content[{k}]"), "text", f"{path}.content[{k}].text")
-                for k, c in enumerate(opt_list(it, "content", f"{path}.content") or [])
+                common.req_str(common.as_dict(c, f"{path}.content[{k}]"), "text", f"{path}.content[{k}].text")
+                for k, c in enumerate(common.opt_list(it, "content", f"{path}.content") or [])
             ]
             if not texts:
                 texts = [
-                    req_str(as_dict(s, f"{path}.summary[{k}]"), "text", f"{path}.summary[{k}].text")
-                    for k, s in enumerate(opt_list(it, "summary", f"{path}.summary") or [])
+                    common.req_str(common.as_dict(s, f"{path}.summary[{k}]"), "text", f"{path}.summary[{k}].text")
+                    for k, s in enumerate(common.opt_list(it, "summary", f"{path}.summary") or [])
                 ]
             if texts:
                 self._reasoning.append("\n".join(texts))
@@ -158,21 +139,21 @@ class InputItems:
             self._call(it, path, kind)
         elif kind in ("function_call_output", "custom_tool_call_output"):
             self._flush()
-            cid = self.ids.result(req_str(it, "call_id", f"{path}.call_id", nonempty=True))
-            self.out.append(tool_message(cid, self.ids, _content(it.get("output"), f"{path}.output")))
+            cid = self.ids.result(common.req_str(it, "call_id", f"{path}.call_id", nonempty=True))
+            self.out.append(common.tool_message(cid, self.ids, _content(it.get("output"), f"{path}.output")))
         elif kind == "additional_tools":
-            self.tools.add(opt_list(it, "tools", f"{path}.tools", required=True), f"{path}.tools")
+            self.tools.add(common.opt_list(it, "tools", f"{path}.tools", required=True), f"{path}.tools")
         elif kind == "web_search_call":
             self.extra.setdefault("dropped_items", []).append(kind)
         else:
-            bad(f"{path}.type: unsupported input item type {kind!r}", param=f"{path}.type")
+            common.bad(f"{path}.type: unsupported input item type {kind!r}", param=f"{path}.type")
 
     def _message(self, it: dict[str, Any], path: str) -> None:
         role = it.get("role")
         content = _content(it.get("content"), f"{path}.content")
         if role in ("system", "developer"):
             if not isinstance(content, str):
-                bad(f"{path}.content: {role} messages take text only", param=f"{path}.content")
+                common.bad(f"{path}.content: {role} messages take text only", param=f"{path}.content")
             self.system_texts.append(content)
         elif role == "user":
             self._flush()
@@ -181,35 +162,37 @@ class InputItems:
             self._pending = True
             if isinstance(content, str):
                 if content:
-                    self._parts.append(text_part(content))
+                    self._parts.append(common.text_part(content))
             else:
                 self._parts.extend(content)
         else:
-            bad(f"{path}.role: must be user, assistant, system or developer; got {role!r}", param=f"{path}.role")
+            common.bad(
+                f"{path}.role: must be user, assistant, system or developer; got {role!r}", param=f"{path}.role"
+            )
 
     def _call(self, it: dict[str, Any], path: str, kind: str) -> None:
         self._pending = True
-        call_id = req_str(it, "call_id", f"{path}.call_id", nonempty=True)
-        name = check_tool_name(it.get("name"), f"{path}.name")
-        ns = opt_str(it, "namespace", f"{path}.namespace")
+        call_id = common.req_str(it, "call_id", f"{path}.call_id", nonempty=True)
+        name = common.check_tool_name(it.get("name"), f"{path}.name")
+        ns = common.opt_str(it, "namespace", f"{path}.namespace")
         if ns:
             name = flat_name(ns, name)
         if kind == "function_call":
-            args = canonical_arguments(req_str(it, "arguments", f"{path}.arguments") or "{}")
+            args = common.canonical_arguments(common.req_str(it, "arguments", f"{path}.arguments") or "{}")
         else:
-            args = json.dumps({"input": req_str(it, "input", f"{path}.input")}, ensure_ascii=False)
-        self._calls.append(tool_call_dict(self.ids.new_call(call_id, name), name, args))
+            args = json.dumps({"input": common.req_str(it, "input", f"{path}.input")}, ensure_ascii=False)
+        self._calls.append(common.tool_call_dict(self.ids.new_call(call_id, name), name, args))
 
 
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
 
 def _image(p: dict[str, Any], ppath: str) -> dict[str, Any]:
-    url = opt_str(p, "image_url", f"{ppath}.image_url")
+    url = common.opt_str(p, "image_url", f"{ppath}.image_url")
     if not url:
-        bad(f"{ppath}.image_url: an image URL is required (file ids are not supported)", param=ppath)
-    return image_part(url, opt_str(p, "detail", f"{ppath}.detail"))
+        common.bad(f"{ppath}.image_url: an image URL is required (file ids are not supported)", param=ppath)
+    return common.image_part(url, common.opt_str(p, "detail", f"{ppath}.detail"))
 
 
 def _content(v: Any, path: str) -> str | list[dict[str, Any]]:
-    return "" if v is None else content_parts(v, path, _TEXT_PARTS, ("input_image", _image))
+    return "" if v is None else common.content_parts(v, path, _TEXT_PARTS, ("input_image", _image))

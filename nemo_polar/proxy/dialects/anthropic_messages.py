@@ -13,40 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nemo_polar.proxy.dialects._common import (
-    MAX_TOKENS_LIMIT,
-    CallIds,
-    Catchup,
-    UniqueIds,
-    arguments_object,
-    as_dict,
-    assistant_message,
-    bad,
-    canonical_arguments,
-    check_conversation,
-    check_tool_name,
-    check_unique_tools,
-    collapse_parts,
-    function_tool,
-    image_part,
-    load_body,
-    opt_bool,
-    opt_dict,
-    opt_int,
-    opt_list,
-    opt_num,
-    opt_str,
-    prefixed_id,
-    req_str,
-    retry_headers,
-    schema_dict,
-    sse,
-    str_list,
-    text_part,
-    tool_call_dict,
-    tool_message,
-    with_system,
-)
+from nemo_polar.proxy.dialects import _common as common
 from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, RouteMatch, Sampling, StreamEvent
 from nemo_polar.types import Dialect
 
@@ -64,43 +31,43 @@ THINKING_SIGNATURE = "cG9sYXItcmVhc29uaW5n"
 
 
 def parse_request(body: bytes | dict[str, Any], route: RouteMatch) -> ChatRequest:
-    d = load_body(body)
-    model = req_str(d, "model", "model", nonempty=True)
+    d = common.load_body(body)
+    model = common.req_str(d, "model", "model", nonempty=True)
     counting = route.name == "count_tokens"
-    max_tokens = opt_int(d, "max_tokens", "max_tokens", lo=1, hi=MAX_TOKENS_LIMIT)
+    max_tokens = common.opt_int(d, "max_tokens", "max_tokens", lo=1, hi=common.MAX_TOKENS_LIMIT)
     if max_tokens is None and not counting:
-        bad("max_tokens: field required", param="max_tokens")
-    raw_messages = opt_list(d, "messages", "messages", required=True)
+        common.bad("max_tokens: field required", param="max_tokens")
+    raw_messages = common.opt_list(d, "messages", "messages", required=True)
     assert raw_messages is not None
     if not raw_messages:
-        bad("messages: at least one message is required", param="messages")
+        common.bad("messages: at least one message is required", param="messages")
     extra: dict[str, Any] = {}
     system_texts = _system(d.get("system"), extra)
-    ids = CallIds()
+    ids = common.CallIds()
     messages: list[dict[str, Any]] = []
     for i, m in enumerate(raw_messages):
         messages.extend(_message(m, f"messages[{i}]", ids, extra))
     # Claude Code (2.1.197) also sends `system` messages inside `messages`; merged, in order, after `system`
     system_texts += [m["content"] for m in messages if m["role"] == "system"]
-    messages = with_system(system_texts, [m for m in messages if m["role"] != "system"])
-    check_conversation(messages, "messages")
+    messages = common.with_system(system_texts, [m for m in messages if m["role"] != "system"])
+    common.check_conversation(messages, "messages")
     if ids.original:
         extra["tool_call_ids"] = dict(ids.original)
     tools = _tools(d.get("tools"), extra)
     tool_choice = _tool_choice(d.get("tool_choice"), extra)
     reasoning = _thinking(d, extra)
-    metadata = opt_dict(d, "metadata", "metadata")
+    metadata = common.opt_dict(d, "metadata", "metadata")
     if metadata is not None:
-        opt_str(metadata, "user_id", "metadata.user_id")
-    stream = opt_bool(d, "stream", "stream") or False
+        common.opt_str(metadata, "user_id", "metadata.user_id")
+    stream = common.opt_bool(d, "stream", "stream") or False
     if raw_messages and isinstance(raw_messages[-1], dict) and raw_messages[-1].get("role") == "assistant":
         extra["prefill"] = True
     sampling = Sampling(
         max_tokens=max_tokens,
-        temperature=opt_num(d, "temperature", "temperature", lo=0.0, hi=1.0),
-        top_p=opt_num(d, "top_p", "top_p", lo=0.0, hi=1.0),
-        top_k=opt_int(d, "top_k", "top_k", lo=0),
-        stop=str_list(d.get("stop_sequences"), "stop_sequences") or None,
+        temperature=common.opt_num(d, "temperature", "temperature", lo=0.0, hi=1.0),
+        top_p=common.opt_num(d, "top_p", "top_p", lo=0.0, hi=1.0),
+        top_k=common.opt_int(d, "top_k", "top_k", lo=0),
+        stop=common.str_list(d.get("stop_sequences"), "stop_sequences") or None,
     )
     return ChatRequest(
         dialect=DIALECT.value,
@@ -130,14 +97,14 @@ def _system(v: Any, extra: dict[str, Any], where: str = "system") -> list[str]:
             v = v.split("\n", 1)[1] if "\n" in v else ""
         return [v] if v else []
     if not isinstance(v, list):
-        bad(f"{where}: expected a string or an array of text blocks", param=where)
+        common.bad(f"{where}: expected a string or an array of text blocks", param=where)
     texts: list[str] = []
     for i, b in enumerate(v):
         path = f"{where}[{i}]"
-        b = as_dict(b, path)
+        b = common.as_dict(b, path)
         if b.get("type") != "text":
-            bad(f"{path}.type: system blocks must be text blocks", param=path)
-        text = req_str(b, "text", f"{path}.text")
+            common.bad(f"{path}.type: system blocks must be text blocks", param=path)
+        text = common.req_str(b, "text", f"{path}.text")
         if _is_billing_header(text):
             extra["billing_header_removed"] = True
             continue
@@ -153,20 +120,20 @@ def _blocks(m: dict[str, Any], path: str) -> list[dict[str, Any]]:
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
     if not isinstance(content, list):
-        bad(f"{path}.content: expected a string or an array of content blocks", param=f"{path}.content")
+        common.bad(f"{path}.content: expected a string or an array of content blocks", param=f"{path}.content")
     if all(type(b) is dict for b in content):  # the common case, without building error paths
         return content
-    return [as_dict(b, f"{path}.content[{j}]") for j, b in enumerate(content)]
+    return [common.as_dict(b, f"{path}.content[{j}]") for j, b in enumerate(content)]
 
 
-def _message(m: Any, path: str, ids: CallIds, extra: dict[str, Any]) -> list[dict[str, Any]]:
-    m = as_dict(m, path)
+def _message(m: Any, path: str, ids: common.CallIds, extra: dict[str, Any]) -> list[dict[str, Any]]:
+    m = common.as_dict(m, path)
     role = m.get("role")
     if role not in ("user", "assistant", "system"):
-        bad(f"{path}.role: must be 'user', 'assistant' or 'system', got {role!r}", param=f"{path}.role")
+        common.bad(f"{path}.role: must be 'user', 'assistant' or 'system', got {role!r}", param=f"{path}.role")
     if role == "system":
         if m.get("content") is None:
-            bad(f"{path}.content: field required", param=f"{path}.content")
+            common.bad(f"{path}.content: field required", param=f"{path}.content")
         texts = _system(m.get("content"), extra, f"{path}.content")
         return [{"role": "system", "content": texts[0] if texts else ""}]
     blocks = _blocks(m, path)
@@ -176,31 +143,31 @@ def _message(m: Any, path: str, ids: CallIds, extra: dict[str, Any]) -> list[dic
 
 
 def _image(b: dict[str, Any], path: str) -> dict[str, Any]:
-    src = opt_dict(b, "source", f"{path}.source", required=True)
+    src = common.opt_dict(b, "source", f"{path}.source", required=True)
     assert src is not None
     kind = src.get("type")
     if kind == "base64":
-        media = req_str(src, "media_type", f"{path}.source.media_type", nonempty=True)
-        data = req_str(src, "data", f"{path}.source.data")
-        return image_part(f"data:{media};base64,{data}")
+        media = common.req_str(src, "media_type", f"{path}.source.media_type", nonempty=True)
+        data = common.req_str(src, "data", f"{path}.source.data")
+        return common.image_part(f"data:{media};base64,{data}")
     if kind == "url":
-        return image_part(req_str(src, "url", f"{path}.source.url", nonempty=True))
-    bad(f"{path}.source.type: unsupported image source {kind!r}", param=f"{path}.source.type")
+        return common.image_part(common.req_str(src, "url", f"{path}.source.url", nonempty=True))
+    common.bad(f"{path}.source.type: unsupported image source {kind!r}", param=f"{path}.source.type")
 
 
 def _user_part(b: dict[str, Any], path: str) -> dict[str, Any]:
     kind = b.get("type")
     if kind == "text":
-        return text_part(req_str(b, "text", f"{path}.text"))
+        return common.text_part(common.req_str(b, "text", f"{path}.text"))
     if kind == "image":
         return _image(b, path)
     if kind == "document":
-        src = opt_dict(b, "source", f"{path}.source", required=True)
+        src = common.opt_dict(b, "source", f"{path}.source", required=True)
         assert src is not None
         if src.get("type") == "text":
-            return text_part(req_str(src, "data", f"{path}.source.data"))
-        bad(f"{path}.source.type: only text documents are supported", param=f"{path}.source.type")
-    bad(f"{path}.type: unsupported content block type {kind!r}", param=f"{path}.type")
+            return common.text_part(common.req_str(src, "data", f"{path}.source.data"))
+        common.bad(f"{path}.source.type: only text documents are supported", param=f"{path}.source.type")
+    common.bad(f"{path}.type: unsupported content block type {kind!r}", param=f"{path}.type")
 
 
 def _tool_result_content(b: dict[str, Any], path: str) -> str | list[dict[str, Any]]:
@@ -210,92 +177,94 @@ def _tool_result_content(b: dict[str, Any], path: str) -> str | list[dict[str, A
     if isinstance(c, str):
         return c
     if not isinstance(c, list):
-        bad(f"{path}.content: expected a string or an array of blocks", param=f"{path}.content")
-    parts = [_user_part(as_dict(p, f"{path}.content[{k}]"), f"{path}.content[{k}]") for k, p in enumerate(c)]
-    return collapse_parts(parts)
+        common.bad(f"{path}.content: expected a string or an array of blocks", param=f"{path}.content")
+    parts = [_user_part(common.as_dict(p, f"{path}.content[{k}]"), f"{path}.content[{k}]") for k, p in enumerate(c)]
+    return common.collapse_parts(parts)
 
 
-def _user(blocks: list[dict[str, Any]], path: str, ids: CallIds, extra: dict[str, Any]) -> list[dict[str, Any]]:
+def _user(blocks: list[dict[str, Any]], path: str, ids: common.CallIds, extra: dict[str, Any]) -> list[dict[str, Any]]:
     """Tool results become tool messages (first, in order); the other blocks one user message after them."""
     out: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
     for j, b in enumerate(blocks):
         kind = b.get("type")
         if kind == "text" and type(b.get("text")) is str:  # fast path; anything else is validated below
-            parts.append(text_part(b["text"]))
+            parts.append(common.text_part(b["text"]))
             continue
         bpath = f"{path}.content[{j}]"
         if kind == "tool_result":
-            tid = req_str(b, "tool_use_id", f"{bpath}.tool_use_id", nonempty=True)
+            tid = common.req_str(b, "tool_use_id", f"{bpath}.tool_use_id", nonempty=True)
             cid = ids.result(tid)
-            if opt_bool(b, "is_error", f"{bpath}.is_error"):
+            if common.opt_bool(b, "is_error", f"{bpath}.is_error"):
                 extra.setdefault("tool_errors", []).append(cid)
-            out.append(tool_message(cid, ids, _tool_result_content(b, bpath)))
+            out.append(common.tool_message(cid, ids, _tool_result_content(b, bpath)))
         else:
             parts.append(_user_part(b, bpath))
     if parts or not out:
-        out.append({"role": "user", "content": collapse_parts(parts)})
+        out.append({"role": "user", "content": common.collapse_parts(parts)})
     return out
 
 
-def _assistant(blocks: list[dict[str, Any]], path: str, ids: CallIds, extra: dict[str, Any]) -> dict[str, Any]:
+def _assistant(blocks: list[dict[str, Any]], path: str, ids: common.CallIds, extra: dict[str, Any]) -> dict[str, Any]:
     parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     reasoning: list[str] = []
     for j, b in enumerate(blocks):
         kind = b.get("type")
         if kind == "text" and type(b.get("text")) is str:  # fast path; anything else is validated below
-            parts.append(text_part(b["text"]))
+            parts.append(common.text_part(b["text"]))
             continue
         bpath = f"{path}.content[{j}]"
         if kind == "text":
-            parts.append(text_part(req_str(b, "text", f"{bpath}.text")))
+            parts.append(common.text_part(common.req_str(b, "text", f"{bpath}.text")))
         elif kind == "thinking":
-            reasoning.append(req_str(b, "thinking", f"{bpath}.thinking"))
-            opt_str(b, "signature", f"{bpath}.signature")
+            reasoning.append(common.req_str(b, "thinking", f"{bpath}.thinking"))
+            common.opt_str(b, "signature", f"{bpath}.signature")
         elif kind == "redacted_thinking":
             extra["redacted_thinking"] = extra.get("redacted_thinking", 0) + 1
         elif kind == "tool_use":
-            tid = req_str(b, "id", f"{bpath}.id", nonempty=True)
-            name = check_tool_name(b.get("name"), f"{bpath}.name")
-            inp = opt_dict(b, "input", f"{bpath}.input", required=True)
-            calls.append(tool_call_dict(ids.new_call(tid, name), name, canonical_arguments(inp)))
+            tid = common.req_str(b, "id", f"{bpath}.id", nonempty=True)
+            name = common.check_tool_name(b.get("name"), f"{bpath}.name")
+            inp = common.opt_dict(b, "input", f"{bpath}.input", required=True)
+            calls.append(common.tool_call_dict(ids.new_call(tid, name), name, common.canonical_arguments(inp)))
         elif kind in ("server_tool_use", "web_search_tool_result"):
             extra.setdefault("dropped_blocks", []).append(kind)
         else:
-            bad(f"{bpath}.type: unsupported assistant content block type {kind!r}", param=f"{bpath}.type")
-    content = collapse_parts(parts)
-    return assistant_message(content, calls, "\n".join(reasoning) if reasoning else None)
+            common.bad(f"{bpath}.type: unsupported assistant content block type {kind!r}", param=f"{bpath}.type")
+    content = common.collapse_parts(parts)
+    return common.assistant_message(content, calls, "\n".join(reasoning) if reasoning else None)
 
 
 def _tools(v: Any, extra: dict[str, Any]) -> list[dict[str, Any]]:
     if v is None:
         return []
     if not isinstance(v, list):
-        bad("tools: expected an array", param="tools")
+        common.bad("tools: expected an array", param="tools")
     tools: list[dict[str, Any]] = []
     for i, t in enumerate(v):
         path = f"tools[{i}]"
-        t = as_dict(t, path)
+        t = common.as_dict(t, path)
         kind = t.get("type")
         if kind not in (None, "custom"):
             if not isinstance(kind, str):
-                bad(f"{path}.type: expected a string", param=f"{path}.type")
+                common.bad(f"{path}.type: expected a string", param=f"{path}.type")
             extra.setdefault("dropped_tools", []).append(kind)
             continue
-        name = check_tool_name(t.get("name"), f"{path}.name")
-        desc = opt_str(t, "description", f"{path}.description")
-        tools.append(function_tool(name, desc, schema_dict(t.get("input_schema"), f"{path}.input_schema")))
-    check_unique_tools(tools, "tools")
+        name = common.check_tool_name(t.get("name"), f"{path}.name")
+        desc = common.opt_str(t, "description", f"{path}.description")
+        tools.append(
+            common.function_tool(name, desc, common.schema_dict(t.get("input_schema"), f"{path}.input_schema"))
+        )
+    common.check_unique_tools(tools, "tools")
     return tools
 
 
 def _tool_choice(v: Any, extra: dict[str, Any]) -> Any:
     if v is None:
         return None
-    v = as_dict(v, "tool_choice")
+    v = common.as_dict(v, "tool_choice")
     kind = v.get("type")
-    if opt_bool(v, "disable_parallel_tool_use", "tool_choice.disable_parallel_tool_use"):
+    if common.opt_bool(v, "disable_parallel_tool_use", "tool_choice.disable_parallel_tool_use"):
         extra["parallel_tool_calls"] = False
     if kind == "auto":
         return "auto"
@@ -304,22 +273,22 @@ def _tool_choice(v: Any, extra: dict[str, Any]) -> Any:
     if kind == "none":
         return "none"
     if kind == "tool":
-        name = check_tool_name(v.get("name"), "tool_choice.name")
+        name = common.check_tool_name(v.get("name"), "tool_choice.name")
         return {"type": "function", "function": {"name": name}}
-    bad(f"tool_choice.type: must be one of auto, any, tool, none; got {kind!r}", param="tool_choice.type")
+    common.bad(f"tool_choice.type: must be one of auto, any, tool, none; got {kind!r}", param="tool_choice.type")
 
 
 def _thinking(d: dict[str, Any], extra: dict[str, Any]) -> bool | None:
-    t = opt_dict(d, "thinking", "thinking")
-    oc = opt_dict(d, "output_config", "output_config")
+    t = common.opt_dict(d, "thinking", "thinking")
+    oc = common.opt_dict(d, "output_config", "output_config")
     if oc is not None:
         extra["output_config"] = oc
     if t is None:
         return None
     kind = t.get("type")
     if kind not in ("enabled", "disabled", "adaptive"):
-        bad(f"thinking.type: must be enabled, disabled or adaptive; got {kind!r}", param="thinking.type")
-    opt_int(t, "budget_tokens", "thinking.budget_tokens", lo=0, hi=MAX_TOKENS_LIMIT)
+        common.bad(f"thinking.type: must be enabled, disabled or adaptive; got {kind!r}", param="thinking.type")
+    common.opt_int(t, "budget_tokens", "thinking.budget_tokens", lo=0, hi=common.MAX_TOKENS_LIMIT)
     extra["thinking"] = t
     return kind != "disabled"
 
@@ -327,8 +296,8 @@ def _thinking(d: dict[str, Any], extra: dict[str, Any]) -> bool | None:
 # ---------------------------------------------------------------------------------------- render response
 
 
-def tool_use_id(raw: str, ids: UniqueIds) -> str:
-    return ids.take(prefixed_id(raw, "toolu_") if raw else "")
+def tool_use_id(raw: str, ids: common.UniqueIds) -> str:
+    return ids.take(common.prefixed_id(raw, "toolu_") if raw else "")
 
 
 def stop_reason(result: ChatResult) -> str:
@@ -356,18 +325,18 @@ def render_response(result: ChatResult, req: ChatRequest) -> dict[str, Any]:
         content.append({"type": "thinking", "thinking": result.reasoning, "signature": THINKING_SIGNATURE})
     if result.content or not result.tool_calls:
         content.append({"type": "text", "text": result.content})
-    ids = UniqueIds("toolu_")
+    ids = common.UniqueIds("toolu_")
     for tc in result.tool_calls:
         content.append(
             {
                 "type": "tool_use",
                 "id": tool_use_id(tc.id, ids),
                 "name": tc.name,
-                "input": arguments_object(tc.arguments),
+                "input": common.arguments_object(tc.arguments),
             }
         )
     return {
-        "id": prefixed_id(result.response_id, "msg_"),
+        "id": common.prefixed_id(result.response_id, "msg_"),
         "type": "message",
         "role": "assistant",
         "model": req.model,
@@ -387,12 +356,12 @@ class StreamRenderer:
 
     def __init__(self, req: ChatRequest, response_id: str):
         self.req = req
-        self.id = prefixed_id(response_id, "msg_")
+        self.id = common.prefixed_id(response_id, "msg_")
         self._started = False
         self._next_block = 0
         self._open: tuple[str, int] | None = None  # (kind, block index)
-        self._seen = Catchup()
-        self._ids = UniqueIds("toolu_")
+        self._seen = common.Catchup()
+        self._ids = common.UniqueIds("toolu_")
 
     def _start(self) -> list[bytes]:
         if self._started:
@@ -414,8 +383,8 @@ class StreamRenderer:
             },
         }
         return [
-            sse({"type": "message_start", "message": message}, "message_start"),
-            sse({"type": "ping"}, "ping"),
+            common.sse({"type": "message_start", "message": message}, "message_start"),
+            common.sse({"type": "ping"}, "ping"),
         ]
 
     def _close(self) -> list[bytes]:
@@ -426,8 +395,10 @@ class StreamRenderer:
         frames = []
         if kind == "thinking":
             delta = {"type": "signature_delta", "signature": THINKING_SIGNATURE}
-            frames.append(sse({"type": "content_block_delta", "index": idx, "delta": delta}, "content_block_delta"))
-        frames.append(sse({"type": "content_block_stop", "index": idx}, "content_block_stop"))
+            frames.append(
+                common.sse({"type": "content_block_delta", "index": idx, "delta": delta}, "content_block_delta")
+            )
+        frames.append(common.sse({"type": "content_block_stop", "index": idx}, "content_block_stop"))
         return frames
 
     def _open_block(self, kind: str, block: dict[str, Any]) -> list[bytes]:
@@ -436,12 +407,12 @@ class StreamRenderer:
         self._next_block += 1
         self._open = (kind, idx)
         frames.append(
-            sse({"type": "content_block_start", "index": idx, "content_block": block}, "content_block_start")
+            common.sse({"type": "content_block_start", "index": idx, "content_block": block}, "content_block_start")
         )
         return frames
 
     def _delta(self, idx: int, delta: dict[str, Any]) -> bytes:
-        return sse({"type": "content_block_delta", "index": idx, "delta": delta}, "content_block_delta")
+        return common.sse({"type": "content_block_delta", "index": idx, "delta": delta}, "content_block_delta")
 
     def _text(self, kind: str, text: str) -> list[bytes]:
         frames: list[bytes] = []
@@ -465,7 +436,7 @@ class StreamRenderer:
         """One whole tool_use block; its input goes out as one input_json_delta of canonical object JSON."""
         block = {"type": "tool_use", "id": tool_use_id(call_id, self._ids), "name": name, "input": {}}
         frames = self._open_block("tool_use", block)
-        obj = arguments_object(arguments)
+        obj = common.arguments_object(arguments)
         if obj:
             delta = {"type": "input_json_delta", "partial_json": json.dumps(obj, ensure_ascii=False)}
             frames.append(self._delta(self._next_block - 1, delta))
@@ -506,14 +477,14 @@ class StreamRenderer:
         frames += self._close()
         delta = {"type": "message_delta", "delta": {"stop_reason": stop_reason(result), "stop_sequence": None}}
         delta["usage"] = _usage(result)
-        frames.append(sse(delta, "message_delta"))
-        frames.append(sse({"type": "message_stop"}, "message_stop"))
+        frames.append(common.sse(delta, "message_delta"))
+        frames.append(common.sse({"type": "message_stop"}, "message_stop"))
         return frames
 
     def error(self, err: ProviderError) -> list[bytes]:
         """A mid-stream failure as Anthropic's `error` event (the stream ends after it)."""
         _, body, _ = render_error(err)
-        return [sse(body, "error")]
+        return [common.sse(body, "error")]
 
 
 # ------------------------------------------------------------------------------------------------ errors
@@ -534,7 +505,7 @@ _ERROR_TYPES = {
 
 def render_error(err: ProviderError) -> tuple[int, dict[str, Any], dict[str, str]]:
     body = {"type": "error", "error": {"type": _ERROR_TYPES.get(err.kind, "api_error"), "message": err.message}}
-    return err.status, body, retry_headers(err)
+    return err.status, body, common.retry_headers(err)
 
 
 def count_tokens_response(n: int) -> dict[str, Any]:

@@ -22,40 +22,7 @@ import re
 from typing import Any
 from urllib.parse import unquote
 
-from nemo_polar.proxy.dialects._common import (
-    MAX_TOKENS_LIMIT,
-    CallIds,
-    Catchup,
-    UniqueIds,
-    arguments_object,
-    as_dict,
-    assistant_message,
-    bad,
-    canonical_arguments,
-    check_conversation,
-    check_tool_name,
-    check_unique_tools,
-    collapse_parts,
-    dumps,
-    function_tool,
-    image_part,
-    load_body,
-    new_id,
-    opt_bool,
-    opt_dict,
-    opt_int,
-    opt_list,
-    opt_num,
-    opt_str,
-    req_str,
-    retry_headers,
-    schema_dict,
-    str_list,
-    text_part,
-    tool_call_dict,
-    tool_message,
-    with_system,
-)
+from nemo_polar.proxy.dialects import _common as common
 from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, RouteMatch, Sampling, StreamEvent
 from nemo_polar.types import Dialect
 
@@ -91,52 +58,54 @@ def _camel(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def _obj(v: Any, path: str) -> dict[str, Any]:
-    return _camel(as_dict(v, path))
+    return _camel(common.as_dict(v, path))
 
 
 # ------------------------------------------------------------------------------------------ parse request
 
 
 def parse_request(body: bytes | dict[str, Any], route: RouteMatch) -> ChatRequest:
-    d = _camel(load_body(body))
+    d = _camel(common.load_body(body))
     model = route.params.get("model", "").removeprefix("models/")
     if not model:
-        bad("the model name is missing from the request path", param="model")
+        common.bad("the model name is missing from the request path", param="model")
     if route.name == "count_tokens" and d.get("generateContentRequest") is not None:
         d = _obj(d["generateContentRequest"], "generateContentRequest")
-    raw_contents = opt_list(d, "contents", "contents", required=True)
+    raw_contents = common.opt_list(d, "contents", "contents", required=True)
     assert raw_contents is not None
     if not raw_contents:
-        bad("contents: at least one content is required", param="contents")
+        common.bad("contents: at least one content is required", param="contents")
     extra: dict[str, Any] = {}
     system_texts = _system(d.get("systemInstruction"))
-    ids = CallIds()
+    ids = common.CallIds()
     conv = _Contents(ids, extra)
     for i, c in enumerate(raw_contents):
         conv.content(_obj(c, f"contents[{i}]"), f"contents[{i}]", i)
-    messages = with_system(system_texts, conv.out)
-    check_conversation(messages, "contents")
+    messages = common.with_system(system_texts, conv.out)
+    common.check_conversation(messages, "contents")
     if ids.original:
         extra["tool_call_ids"] = dict(ids.original)
     tools = _tools(d.get("tools"), extra)
     tool_choice = _tool_config(d.get("toolConfig"))
-    gc = _camel(opt_dict(d, "generationConfig", "generationConfig") or {})
+    gc = _camel(common.opt_dict(d, "generationConfig", "generationConfig") or {})
     reasoning = _thinking(gc, extra)
-    opt_list(d, "safetySettings", "safetySettings")
-    opt_str(d, "cachedContent", "cachedContent")
+    common.opt_list(d, "safetySettings", "safetySettings")
+    common.opt_str(d, "cachedContent", "cachedContent")
     streaming = route.name == "stream_generate_content"
     if streaming:
         extra["stream_format"] = "sse" if route.query.get("alt") == "sse" else "json_array"
     sampling = Sampling(
-        max_tokens=opt_int(gc, "maxOutputTokens", "generationConfig.maxOutputTokens", lo=1, hi=MAX_TOKENS_LIMIT),
-        temperature=opt_num(gc, "temperature", "generationConfig.temperature", lo=0.0, hi=2.0),
-        top_p=opt_num(gc, "topP", "generationConfig.topP", lo=0.0, hi=1.0),
-        top_k=opt_int(gc, "topK", "generationConfig.topK", lo=0),
-        seed=opt_int(gc, "seed", "generationConfig.seed"),
-        stop=str_list(gc.get("stopSequences"), "generationConfig.stopSequences") or None,
-        presence_penalty=opt_num(gc, "presencePenalty", "generationConfig.presencePenalty", lo=-2.0, hi=2.0),
-        frequency_penalty=opt_num(gc, "frequencyPenalty", "generationConfig.frequencyPenalty", lo=-2.0, hi=2.0),
-        n=opt_int(gc, "candidateCount", "generationConfig.candidateCount", lo=1, hi=8),
+        max_tokens=common.opt_int(
+            gc, "maxOutputTokens", "generationConfig.maxOutputTokens", lo=1, hi=common.MAX_TOKENS_LIMIT
+        ),
+        temperature=common.opt_num(gc, "temperature", "generationConfig.temperature", lo=0.0, hi=2.0),
+        top_p=common.opt_num(gc, "topP", "generationConfig.topP", lo=0.0, hi=1.0),
+        top_k=common.opt_int(gc, "topK", "generationConfig.topK", lo=0),
+        seed=common.opt_int(gc, "seed", "generationConfig.seed"),
+        stop=common.str_list(gc.get("stopSequences"), "generationConfig.stopSequences") or None,
+        presence_penalty=common.opt_num(gc, "presencePenalty", "generationConfig.presencePenalty", lo=-2.0, hi=2.0),
+        frequency_penalty=common.opt_num(gc, "frequencyPenalty", "generationConfig.frequencyPenalty", lo=-2.0, hi=2.0),
+        n=common.opt_int(gc, "candidateCount", "generationConfig.candidateCount", lo=1, hi=8),
     )
     return ChatRequest(
         dialect=DIALECT.value,
@@ -159,9 +128,9 @@ def _system(v: Any) -> list[str]:
     if isinstance(v, str):
         return [v] if v else []
     c = _obj(v, "systemInstruction")
-    parts = opt_list(c, "parts", "systemInstruction.parts") or []
+    parts = common.opt_list(c, "parts", "systemInstruction.parts") or []
     texts = [
-        req_str(_obj(p, f"systemInstruction.parts[{k}]"), "text", f"systemInstruction.parts[{k}].text")
+        common.req_str(_obj(p, f"systemInstruction.parts[{k}]"), "text", f"systemInstruction.parts[{k}].text")
         for k, p in enumerate(parts)
     ]
     return ["\n".join(texts)] if texts else []
@@ -172,7 +141,7 @@ def lower_types(schema: Any, path: str = "schema") -> Any:
     try:
         return _lower(schema)
     except RecursionError:
-        bad(f"{path}: nested too deeply", param=path)
+        common.bad(f"{path}: nested too deeply", param=path)
 
 
 def _lower(schema: Any) -> Any:
@@ -189,7 +158,7 @@ def _lower(schema: Any) -> Any:
 class _Contents:
     """Converts `contents`; remembers the last model turn's calls to pair responses that carry no id."""
 
-    def __init__(self, ids: CallIds, extra: dict[str, Any]):
+    def __init__(self, ids: common.CallIds, extra: dict[str, Any]):
         self.ids = ids
         self.extra = extra
         self.out: list[dict[str, Any]] = []
@@ -197,10 +166,10 @@ class _Contents:
 
     def content(self, c: dict[str, Any], path: str, index: int) -> None:
         role = c.get("role", "user")
-        parts = opt_list(c, "parts", f"{path}.parts", required=True)
+        parts = common.opt_list(c, "parts", f"{path}.parts", required=True)
         assert parts is not None
         if not parts:
-            bad(f"{path}.parts: must not be empty", param=f"{path}.parts")
+            common.bad(f"{path}.parts: must not be empty", param=f"{path}.parts")
         if all(type(p) is dict for p in parts):  # the common case, without building error paths
             objs = [_camel(p) for p in parts]
         else:
@@ -208,7 +177,7 @@ class _Contents:
         for j, p in enumerate(objs):
             if "thoughtSignature" not in p:
                 continue
-            sig = opt_str(p, "thoughtSignature", f"{path}.parts[{j}].thoughtSignature")
+            sig = common.opt_str(p, "thoughtSignature", f"{path}.parts[{j}].thoughtSignature")
             if sig:
                 self.extra.setdefault("thought_signatures", []).append({"content": index, "part": j, "signature": sig})
         if role == "model":
@@ -216,7 +185,7 @@ class _Contents:
         elif role in ("user", "function"):
             self._user(objs, path)
         else:
-            bad(f"{path}.role: must be 'user' or 'model', got {role!r}", param=f"{path}.role")
+            common.bad(f"{path}.role: must be 'user' or 'model', got {role!r}", param=f"{path}.role")
 
     def _model(self, parts: list[dict[str, Any]], path: str) -> None:
         # A streamed turn comes back as many parts (Gemini CLI merges adjacent text parts but keeps every thought
@@ -228,25 +197,25 @@ class _Contents:
         for j, p in enumerate(parts):
             ppath = f"{path}.parts[{j}]"
             if "text" in p:
-                text = req_str(p, "text", f"{ppath}.text")
-                if opt_bool(p, "thought", f"{ppath}.thought"):
+                text = common.req_str(p, "text", f"{ppath}.text")
+                if common.opt_bool(p, "thought", f"{ppath}.thought"):
                     reasoning.append(text)
                 else:
                     texts.append(text)
             elif "functionCall" in p:
                 fc = _obj(p["functionCall"], f"{ppath}.functionCall")
-                name = check_tool_name(fc.get("name"), f"{ppath}.functionCall.name")
-                args = opt_dict(fc, "args", f"{ppath}.functionCall.args") or {}
-                cid = self.ids.new_call(opt_str(fc, "id", f"{ppath}.functionCall.id") or None, name)
+                name = common.check_tool_name(fc.get("name"), f"{ppath}.functionCall.name")
+                args = common.opt_dict(fc, "args", f"{ppath}.functionCall.args") or {}
+                cid = self.ids.new_call(common.opt_str(fc, "id", f"{ppath}.functionCall.id") or None, name)
                 self._open_calls.append((cid, name))
-                calls.append(tool_call_dict(cid, name, canonical_arguments(args)))
+                calls.append(common.tool_call_dict(cid, name, common.canonical_arguments(args)))
             elif "executableCode" in p or "codeExecutionResult" in p:
                 self.extra.setdefault("dropped_parts", []).append(next(iter(p)))
             elif set(p) <= {"thoughtSignature", "thought"}:
                 continue
             else:
-                bad(f"{ppath}: unsupported part in a model content (keys {sorted(p)})", param=ppath)
-        self.out.append(assistant_message("".join(texts), calls, "".join(reasoning) if reasoning else None))
+                common.bad(f"{ppath}: unsupported part in a model content (keys {sorted(p)})", param=ppath)
+        self.out.append(common.assistant_message("".join(texts), calls, "".join(reasoning) if reasoning else None))
 
     def _pair(self, rid: str | None, name: str) -> str:
         """The canonical id a functionResponse answers: by id, else the first open call with its name."""
@@ -267,33 +236,35 @@ class _Contents:
             ppath = f"{path}.parts[{j}]"
             if "functionResponse" in p:
                 fr = _obj(p["functionResponse"], f"{ppath}.functionResponse")
-                name = check_tool_name(fr.get("name"), f"{ppath}.functionResponse.name")
-                resp = opt_dict(fr, "response", f"{ppath}.functionResponse.response", required=True)
+                name = common.check_tool_name(fr.get("name"), f"{ppath}.functionResponse.name")
+                resp = common.opt_dict(fr, "response", f"{ppath}.functionResponse.response", required=True)
                 assert resp is not None
-                cid = self._pair(opt_str(fr, "id", f"{ppath}.functionResponse.id") or None, name)
+                cid = self._pair(common.opt_str(fr, "id", f"{ppath}.functionResponse.id") or None, name)
                 if set(resp) == {"error"}:
                     self.extra.setdefault("tool_errors", []).append(cid)
-                tool_msgs.append(tool_message(cid, self.ids, _response_text(resp)))
+                tool_msgs.append(common.tool_message(cid, self.ids, _response_text(resp)))
             elif "text" in p:
-                user_parts.append(text_part(req_str(p, "text", f"{ppath}.text")))
+                user_parts.append(common.text_part(common.req_str(p, "text", f"{ppath}.text")))
             elif "inlineData" in p:
                 blob = _obj(p["inlineData"], f"{ppath}.inlineData")
-                mime = req_str(blob, "mimeType", f"{ppath}.inlineData.mimeType", nonempty=True)
+                mime = common.req_str(blob, "mimeType", f"{ppath}.inlineData.mimeType", nonempty=True)
                 if not mime.startswith("image/"):
-                    bad(f"{ppath}.inlineData.mimeType: only images are supported, got {mime!r}", param=ppath)
+                    common.bad(f"{ppath}.inlineData.mimeType: only images are supported, got {mime!r}", param=ppath)
                 user_parts.append(
-                    image_part(f"data:{mime};base64,{req_str(blob, 'data', f'{ppath}.inlineData.data')}")
+                    common.image_part(f"data:{mime};base64,{common.req_str(blob, 'data', f'{ppath}.inlineData.data')}")
                 )
             elif "fileData" in p:
                 fd = _obj(p["fileData"], f"{ppath}.fileData")
-                user_parts.append(image_part(req_str(fd, "fileUri", f"{ppath}.fileData.fileUri", nonempty=True)))
+                user_parts.append(
+                    common.image_part(common.req_str(fd, "fileUri", f"{ppath}.fileData.fileUri", nonempty=True))
+                )
             elif set(p) <= {"thoughtSignature", "thought"}:
                 continue
             else:
-                bad(f"{ppath}: unsupported part in a user content (keys {sorted(p)})", param=ppath)
+                common.bad(f"{ppath}: unsupported part in a user content (keys {sorted(p)})", param=ppath)
         self.out.extend(tool_msgs)
         if user_parts or not tool_msgs:
-            self.out.append({"role": "user", "content": collapse_parts(user_parts)})
+            self.out.append({"role": "user", "content": common.collapse_parts(user_parts)})
 
 
 def _response_text(resp: dict[str, Any]) -> str:
@@ -309,7 +280,7 @@ def _tools(v: Any, extra: dict[str, Any]) -> list[dict[str, Any]]:
     if v is None:
         return []
     if not isinstance(v, list):
-        bad("tools: expected an array", param="tools")
+        common.bad("tools: expected an array", param="tools")
     tools: list[dict[str, Any]] = []
     for i, t in enumerate(v):
         path = f"tools[{i}]"
@@ -317,30 +288,30 @@ def _tools(v: Any, extra: dict[str, Any]) -> list[dict[str, Any]]:
         for key in t:
             if key != "functionDeclarations":
                 extra.setdefault("dropped_tools", []).append(key)
-        for j, fd in enumerate(opt_list(t, "functionDeclarations", f"{path}.functionDeclarations") or []):
+        for j, fd in enumerate(common.opt_list(t, "functionDeclarations", f"{path}.functionDeclarations") or []):
             fpath = f"{path}.functionDeclarations[{j}]"
             fd = _obj(fd, fpath)
-            name = check_tool_name(fd.get("name"), f"{fpath}.name")
-            desc = opt_str(fd, "description", f"{fpath}.description")
+            name = common.check_tool_name(fd.get("name"), f"{fpath}.name")
+            desc = common.opt_str(fd, "description", f"{fpath}.description")
             if fd.get("parametersJsonSchema") is not None:
-                params = schema_dict(fd["parametersJsonSchema"], f"{fpath}.parametersJsonSchema")
+                params = common.schema_dict(fd["parametersJsonSchema"], f"{fpath}.parametersJsonSchema")
             else:
-                params = lower_types(schema_dict(fd.get("parameters"), f"{fpath}.parameters"))
-            tools.append(function_tool(name, desc, params))
-    check_unique_tools(tools, "tools")
+                params = lower_types(common.schema_dict(fd.get("parameters"), f"{fpath}.parameters"))
+            tools.append(common.function_tool(name, desc, params))
+    common.check_unique_tools(tools, "tools")
     return tools
 
 
 def _tool_config(v: Any) -> Any:
     if v is None:
         return None
-    fcc = opt_dict(_obj(v, "toolConfig"), "functionCallingConfig", "toolConfig.functionCallingConfig")
+    fcc = common.opt_dict(_obj(v, "toolConfig"), "functionCallingConfig", "toolConfig.functionCallingConfig")
     if fcc is None:
         return None
     fcc = _camel(fcc)
     path = "toolConfig.functionCallingConfig"
-    mode = opt_str(fcc, "mode", f"{path}.mode") or "AUTO"
-    allowed = str_list(fcc.get("allowedFunctionNames"), f"{path}.allowedFunctionNames")
+    mode = common.opt_str(fcc, "mode", f"{path}.mode") or "AUTO"
+    allowed = common.str_list(fcc.get("allowedFunctionNames"), f"{path}.allowedFunctionNames")
     mode = mode.upper()
     if mode in ("AUTO", "MODE_UNSPECIFIED", "VALIDATED"):
         return "auto"
@@ -350,31 +321,33 @@ def _tool_config(v: Any) -> Any:
         if len(allowed) == 1:
             return {"type": "function", "function": {"name": allowed[0]}}
         return "required"
-    bad(f"{path}.mode: must be AUTO, ANY, NONE or VALIDATED; got {mode!r}", param=f"{path}.mode")
+    common.bad(f"{path}.mode: must be AUTO, ANY, NONE or VALIDATED; got {mode!r}", param=f"{path}.mode")
 
 
 def _thinking(gc: dict[str, Any], extra: dict[str, Any]) -> bool | None:
-    tc = opt_dict(gc, "thinkingConfig", "generationConfig.thinkingConfig")
+    tc = common.opt_dict(gc, "thinkingConfig", "generationConfig.thinkingConfig")
     if tc is None:
         return None
     tc = _camel(tc)
-    budget = opt_int(tc, "thinkingBudget", "generationConfig.thinkingConfig.thinkingBudget", lo=-1)
-    opt_bool(tc, "includeThoughts", "generationConfig.thinkingConfig.includeThoughts")
-    opt_str(tc, "thinkingLevel", "generationConfig.thinkingConfig.thinkingLevel")
+    budget = common.opt_int(tc, "thinkingBudget", "generationConfig.thinkingConfig.thinkingBudget", lo=-1)
+    common.opt_bool(tc, "includeThoughts", "generationConfig.thinkingConfig.includeThoughts")
+    common.opt_str(tc, "thinkingLevel", "generationConfig.thinkingConfig.thinkingLevel")
     extra["thinking_config"] = tc
     return None if budget is None else budget != 0
 
 
 def _response_format(gc: dict[str, Any]) -> dict[str, Any] | None:
-    mime = opt_str(gc, "responseMimeType", "generationConfig.responseMimeType")
+    mime = common.opt_str(gc, "responseMimeType", "generationConfig.responseMimeType")
     if gc.get("responseJsonSchema") is not None:
-        schema = lower_types(schema_dict(gc["responseJsonSchema"], "generationConfig.responseJsonSchema"))
+        schema = lower_types(common.schema_dict(gc["responseJsonSchema"], "generationConfig.responseJsonSchema"))
     elif gc.get("responseSchema") is not None:
-        schema = lower_types(schema_dict(gc["responseSchema"], "generationConfig.responseSchema"))
+        schema = lower_types(common.schema_dict(gc["responseSchema"], "generationConfig.responseSchema"))
     else:
         return {"type": "json_object"} if mime == "application/json" else None
     if mime is not None and mime != "application/json":
-        bad("generationConfig.responseMimeType: a response schema needs application/json", param="responseMimeType")
+        common.bad(
+            "generationConfig.responseMimeType: a response schema needs application/json", param="responseMimeType"
+        )
     return {"type": "json_schema", "json_schema": {"name": "response", "schema": schema}}
 
 
@@ -398,7 +371,7 @@ def _usage(result: ChatResult) -> dict[str, Any]:
 
 
 def _call_part(call_id: str, name: str, arguments: str) -> dict[str, Any]:
-    fc: dict[str, Any] = {"name": name, "args": arguments_object(arguments)}
+    fc: dict[str, Any] = {"name": name, "args": common.arguments_object(arguments)}
     if call_id:
         fc["id"] = call_id
     return {"functionCall": fc}
@@ -421,11 +394,11 @@ def render_response(result: ChatResult, req: ChatRequest) -> dict[str, Any]:
         parts.append({"text": result.reasoning, "thought": True})
     if result.content:
         parts.append({"text": result.content})
-    ids = UniqueIds("call_")
+    ids = common.UniqueIds("call_")
     parts.extend(_call_part(ids.take(t.id), t.name, t.arguments) for t in result.tool_calls)
     if not parts:
         parts.append({"text": ""})
-    return _chunk(parts, req, result.response_id or new_id(""), result)
+    return _chunk(parts, req, result.response_id or common.new_id(""), result)
 
 
 # ------------------------------------------------------------------------------------------ render stream
@@ -440,15 +413,15 @@ class StreamRenderer:
 
     def __init__(self, req: ChatRequest, response_id: str):
         self.req = req
-        self.id = response_id or new_id("")
+        self.id = response_id or common.new_id("")
         self._sse = req.extra.get("stream_format", "sse") == "sse"
         self._count = 0
         self._pending: list[int] = []  # tool indices started but not yet sent
-        self._seen = Catchup()
-        self._ids = UniqueIds("call_")
+        self._seen = common.Catchup()
+        self._ids = common.UniqueIds("call_")
 
     def _frame(self, body: dict[str, Any]) -> bytes:
-        data = dumps(body)
+        data = common.dumps(body)
         self._count += 1
         if self._sse:
             return b"data: " + data + b"\r\n\r\n"
@@ -525,7 +498,7 @@ _STATUS = {
 
 def render_error(err: ProviderError) -> tuple[int, dict[str, Any], dict[str, str]]:
     body = {"error": {"code": err.status, "message": err.message, "status": _STATUS.get(err.kind, "INTERNAL")}}
-    return err.status, body, retry_headers(err)
+    return err.status, body, common.retry_headers(err)
 
 
 def count_tokens_response(n: int) -> dict[str, Any]:

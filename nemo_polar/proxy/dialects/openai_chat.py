@@ -13,39 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from nemo_polar.proxy.dialects._common import (
-    MAX_TOKENS_LIMIT,
-    CallIds,
-    Catchup,
-    UniqueIds,
-    as_dict,
-    assistant_message,
-    bad,
-    canonical_arguments,
-    check_conversation,
-    check_tool_name,
-    check_unique_tools,
-    content_parts,
-    function_tool,
-    image_part,
-    load_body,
-    now_s,
-    opt_bool,
-    opt_dict,
-    opt_int,
-    opt_list,
-    opt_num,
-    opt_str,
-    prefixed_id,
-    req_str,
-    retry_headers,
-    schema_dict,
-    sse,
-    str_list,
-    tool_call_dict,
-    tool_message,
-    with_system,
-)
+from nemo_polar.proxy.dialects import _common as common
 from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, RouteMatch, Sampling, StreamEvent
 from nemo_polar.types import Dialect
 
@@ -56,14 +24,14 @@ ROUTES: list[tuple[str, str, str]] = [("POST", "/v1/chat/completions", "chat_com
 
 
 def parse_request(body: bytes | dict[str, Any], route: RouteMatch) -> ChatRequest:
-    d = load_body(body)
-    model = req_str(d, "model", "model", nonempty=True)
-    raw_messages = opt_list(d, "messages", "messages", required=True)
+    d = common.load_body(body)
+    model = common.req_str(d, "model", "model", nonempty=True)
+    raw_messages = common.opt_list(d, "messages", "messages", required=True)
     assert raw_messages is not None
     if not raw_messages:
-        bad("messages: at least one message is required", param="messages")
+        common.bad("messages: at least one message is required", param="messages")
     extra: dict[str, Any] = {}
-    ids = CallIds()
+    ids = common.CallIds()
     system_texts: list[str] = []
     messages: list[dict[str, Any]] = []
     for i, m in enumerate(raw_messages):
@@ -72,34 +40,34 @@ def parse_request(body: bytes | dict[str, Any], route: RouteMatch) -> ChatReques
             system_texts.append(msg["content"])
         else:
             messages.append(msg)
-    messages = with_system(system_texts, messages)
-    check_conversation(messages, "messages")
+    messages = common.with_system(system_texts, messages)
+    common.check_conversation(messages, "messages")
     if ids.original:
         extra["tool_call_ids"] = dict(ids.original)
     tools = _tools(d.get("tools"))
     tool_choice = _tool_choice(d.get("tool_choice"), extra)
-    stream = opt_bool(d, "stream", "stream") or False
-    so = opt_dict(d, "stream_options", "stream_options")
-    include_usage = bool(so and opt_bool(so, "include_usage", "stream_options.include_usage"))
-    effort = opt_str(d, "reasoning_effort", "reasoning_effort")
+    stream = common.opt_bool(d, "stream", "stream") or False
+    so = common.opt_dict(d, "stream_options", "stream_options")
+    include_usage = bool(so and common.opt_bool(so, "include_usage", "stream_options.include_usage"))
+    effort = common.opt_str(d, "reasoning_effort", "reasoning_effort")
     if effort is not None:
         extra["reasoning_effort"] = effort
-    ptc = opt_bool(d, "parallel_tool_calls", "parallel_tool_calls")
+    ptc = common.opt_bool(d, "parallel_tool_calls", "parallel_tool_calls")
     if ptc is not None:
         extra["parallel_tool_calls"] = ptc
-    max_tokens = opt_int(d, "max_completion_tokens", "max_completion_tokens", lo=1, hi=MAX_TOKENS_LIMIT)
-    legacy_max = opt_int(d, "max_tokens", "max_tokens", lo=1, hi=MAX_TOKENS_LIMIT)
+    max_tokens = common.opt_int(d, "max_completion_tokens", "max_completion_tokens", lo=1, hi=common.MAX_TOKENS_LIMIT)
+    legacy_max = common.opt_int(d, "max_tokens", "max_tokens", lo=1, hi=common.MAX_TOKENS_LIMIT)
     sampling = Sampling(
         max_tokens=max_tokens if max_tokens is not None else legacy_max,
-        temperature=opt_num(d, "temperature", "temperature", lo=0.0, hi=2.0),
-        top_p=opt_num(d, "top_p", "top_p", lo=0.0, hi=1.0),
-        top_k=opt_int(d, "top_k", "top_k", lo=-1),
-        seed=opt_int(d, "seed", "seed"),
-        stop=str_list(d.get("stop"), "stop") or None,
-        presence_penalty=opt_num(d, "presence_penalty", "presence_penalty", lo=-2.0, hi=2.0),
-        frequency_penalty=opt_num(d, "frequency_penalty", "frequency_penalty", lo=-2.0, hi=2.0),
-        n=opt_int(d, "n", "n", lo=1, hi=128),
-        chat_template_kwargs=opt_dict(d, "chat_template_kwargs", "chat_template_kwargs"),
+        temperature=common.opt_num(d, "temperature", "temperature", lo=0.0, hi=2.0),
+        top_p=common.opt_num(d, "top_p", "top_p", lo=0.0, hi=1.0),
+        top_k=common.opt_int(d, "top_k", "top_k", lo=-1),
+        seed=common.opt_int(d, "seed", "seed"),
+        stop=common.str_list(d.get("stop"), "stop") or None,
+        presence_penalty=common.opt_num(d, "presence_penalty", "presence_penalty", lo=-2.0, hi=2.0),
+        frequency_penalty=common.opt_num(d, "frequency_penalty", "frequency_penalty", lo=-2.0, hi=2.0),
+        n=common.opt_int(d, "n", "n", lo=1, hi=128),
+        chat_template_kwargs=common.opt_dict(d, "chat_template_kwargs", "chat_template_kwargs"),
     )
     return ChatRequest(
         dialect=DIALECT.value,
@@ -123,10 +91,10 @@ def _image(p: dict[str, Any], ppath: str) -> dict[str, Any]:
     img = p.get("image_url")
     if isinstance(img, str):
         img = {"url": img}
-    img = as_dict(img, f"{ppath}.image_url")
-    return image_part(
-        req_str(img, "url", f"{ppath}.image_url.url", nonempty=True),
-        opt_str(img, "detail", f"{ppath}.image_url.detail"),
+    img = common.as_dict(img, f"{ppath}.image_url")
+    return common.image_part(
+        common.req_str(img, "url", f"{ppath}.image_url.url", nonempty=True),
+        common.opt_str(img, "detail", f"{ppath}.image_url.detail"),
     )
 
 
@@ -136,11 +104,11 @@ _IMAGE = ("image_url", _image)
 
 def _parts(v: Any, path: str, *, allow_images: bool) -> str | list[dict[str, Any]]:
     """A message content: a string or a part array (collapsed to a string when all parts are text)."""
-    return content_parts(v, path, _TEXT, _IMAGE if allow_images else None)
+    return common.content_parts(v, path, _TEXT, _IMAGE if allow_images else None)
 
 
-def _message(m: Any, path: str, ids: CallIds) -> dict[str, Any]:
-    m = as_dict(m, path)
+def _message(m: Any, path: str, ids: common.CallIds) -> dict[str, Any]:
+    m = common.as_dict(m, path)
     role = m.get("role")
     if role in ("system", "developer"):
         content = _parts(m.get("content"), f"{path}.content", allow_images=False)
@@ -151,50 +119,56 @@ def _message(m: Any, path: str, ids: CallIds) -> dict[str, Any]:
     if role == "assistant":
         return _assistant(m, path, ids)
     if role == "tool":
-        tid = req_str(m, "tool_call_id", f"{path}.tool_call_id", nonempty=True)
+        tid = common.req_str(m, "tool_call_id", f"{path}.tool_call_id", nonempty=True)
         content = _parts(m.get("content"), f"{path}.content", allow_images=True)
-        return tool_message(ids.result(tid), ids, content)
-    bad(f"{path}.role: must be one of system, developer, user, assistant, tool; got {role!r}", param=f"{path}.role")
+        return common.tool_message(ids.result(tid), ids, content)
+    common.bad(
+        f"{path}.role: must be one of system, developer, user, assistant, tool; got {role!r}", param=f"{path}.role"
+    )
 
 
-def _assistant(m: dict[str, Any], path: str, ids: CallIds) -> dict[str, Any]:
+def _assistant(m: dict[str, Any], path: str, ids: common.CallIds) -> dict[str, Any]:
     raw = m.get("content")
     content = "" if raw is None else _parts(raw, f"{path}.content", allow_images=False)
-    reasoning = opt_str(m, "reasoning_content", f"{path}.reasoning_content")
+    reasoning = common.opt_str(m, "reasoning_content", f"{path}.reasoning_content")
     if reasoning is None:
-        reasoning = opt_str(m, "reasoning", f"{path}.reasoning")
+        reasoning = common.opt_str(m, "reasoning", f"{path}.reasoning")
     calls: list[dict[str, Any]] = []
-    for j, tc in enumerate(opt_list(m, "tool_calls", f"{path}.tool_calls") or []):
+    for j, tc in enumerate(common.opt_list(m, "tool_calls", f"{path}.tool_calls") or []):
         tpath = f"{path}.tool_calls[{j}]"
-        tc = as_dict(tc, tpath)
+        tc = common.as_dict(tc, tpath)
         if tc.get("type", "function") != "function":
-            bad(f"{tpath}.type: only function tool calls are supported", param=f"{tpath}.type")
-        tid = req_str(tc, "id", f"{tpath}.id", nonempty=True)
-        fn = opt_dict(tc, "function", f"{tpath}.function", required=True)
+            common.bad(f"{tpath}.type: only function tool calls are supported", param=f"{tpath}.type")
+        tid = common.req_str(tc, "id", f"{tpath}.id", nonempty=True)
+        fn = common.opt_dict(tc, "function", f"{tpath}.function", required=True)
         assert fn is not None
-        name = check_tool_name(fn.get("name"), f"{tpath}.function.name")
-        args = opt_str(fn, "arguments", f"{tpath}.function.arguments") or ""
-        calls.append(tool_call_dict(ids.new_call(tid, name), name, canonical_arguments(args) if args else "{}"))
-    return assistant_message(content, calls, reasoning)
+        name = common.check_tool_name(fn.get("name"), f"{tpath}.function.name")
+        args = common.opt_str(fn, "arguments", f"{tpath}.function.arguments") or ""
+        calls.append(
+            common.tool_call_dict(ids.new_call(tid, name), name, common.canonical_arguments(args) if args else "{}")
+        )
+    return common.assistant_message(content, calls, reasoning)
 
 
 def _tools(v: Any) -> list[dict[str, Any]]:
     if v is None:
         return []
     if not isinstance(v, list):
-        bad("tools: expected an array", param="tools")
+        common.bad("tools: expected an array", param="tools")
     tools = []
     for i, t in enumerate(v):
         path = f"tools[{i}]"
-        t = as_dict(t, path)
+        t = common.as_dict(t, path)
         if t.get("type") != "function":
-            bad(f"{path}.type: only function tools are supported, got {t.get('type')!r}", param=f"{path}.type")
-        fn = opt_dict(t, "function", f"{path}.function", required=True)
+            common.bad(f"{path}.type: only function tools are supported, got {t.get('type')!r}", param=f"{path}.type")
+        fn = common.opt_dict(t, "function", f"{path}.function", required=True)
         assert fn is not None
-        name = check_tool_name(fn.get("name"), f"{path}.function.name")
-        desc = opt_str(fn, "description", f"{path}.function.description")
-        tools.append(function_tool(name, desc, schema_dict(fn.get("parameters"), f"{path}.function.parameters")))
-    check_unique_tools(tools, "tools")
+        name = common.check_tool_name(fn.get("name"), f"{path}.function.name")
+        desc = common.opt_str(fn, "description", f"{path}.function.description")
+        tools.append(
+            common.function_tool(name, desc, common.schema_dict(fn.get("parameters"), f"{path}.function.parameters"))
+        )
+    common.check_unique_tools(tools, "tools")
     return tools
 
 
@@ -203,44 +177,51 @@ def _tool_choice(v: Any, extra: dict[str, Any]) -> Any:
         return None
     if isinstance(v, str):
         if v not in ("auto", "none", "required"):
-            bad(f"tool_choice: must be auto, none, required or a function; got {v!r}", param="tool_choice")
+            common.bad(f"tool_choice: must be auto, none, required or a function; got {v!r}", param="tool_choice")
         return v
-    v = as_dict(v, "tool_choice")
+    v = common.as_dict(v, "tool_choice")
     kind = v.get("type")
     if kind == "function":
-        fn = opt_dict(v, "function", "tool_choice.function", required=True)
+        fn = common.opt_dict(v, "function", "tool_choice.function", required=True)
         assert fn is not None
-        return {"type": "function", "function": {"name": check_tool_name(fn.get("name"), "tool_choice.function.name")}}
+        return {
+            "type": "function",
+            "function": {"name": common.check_tool_name(fn.get("name"), "tool_choice.function.name")},
+        }
     if kind == "allowed_tools":
-        allowed = opt_dict(v, "allowed_tools", "tool_choice.allowed_tools", required=True)
+        allowed = common.opt_dict(v, "allowed_tools", "tool_choice.allowed_tools", required=True)
         assert allowed is not None
         mode = allowed.get("mode", "auto")
         if mode not in ("auto", "required"):
-            bad("tool_choice.allowed_tools.mode: must be auto or required", param="tool_choice.allowed_tools.mode")
+            common.bad(
+                "tool_choice.allowed_tools.mode: must be auto or required", param="tool_choice.allowed_tools.mode"
+            )
         extra["allowed_tools"] = allowed.get("tools")
         return mode
-    bad(f"tool_choice.type: must be function or allowed_tools; got {kind!r}", param="tool_choice.type")
+    common.bad(f"tool_choice.type: must be function or allowed_tools; got {kind!r}", param="tool_choice.type")
 
 
 def _response_format(v: Any) -> dict[str, Any] | None:
     if v is None:
         return None
-    v = as_dict(v, "response_format")
+    v = common.as_dict(v, "response_format")
     kind = v.get("type")
     if kind == "text":
         return None
     if kind == "json_object":
         return {"type": "json_object"}
     if kind == "json_schema":
-        js = opt_dict(v, "json_schema", "response_format.json_schema", required=True)
+        js = common.opt_dict(v, "json_schema", "response_format.json_schema", required=True)
         assert js is not None
-        out: dict[str, Any] = {"name": req_str(js, "name", "response_format.json_schema.name", nonempty=True)}
-        out["schema"] = schema_dict(js.get("schema"), "response_format.json_schema.schema")
-        strict = opt_bool(js, "strict", "response_format.json_schema.strict")
+        out: dict[str, Any] = {"name": common.req_str(js, "name", "response_format.json_schema.name", nonempty=True)}
+        out["schema"] = common.schema_dict(js.get("schema"), "response_format.json_schema.schema")
+        strict = common.opt_bool(js, "strict", "response_format.json_schema.strict")
         if strict is not None:
             out["strict"] = strict
         return {"type": "json_schema", "json_schema": out}
-    bad(f"response_format.type: must be text, json_object or json_schema; got {kind!r}", param="response_format.type")
+    common.bad(
+        f"response_format.type: must be text, json_object or json_schema; got {kind!r}", param="response_format.type"
+    )
 
 
 # ---------------------------------------------------------------------------------------- render response
@@ -270,15 +251,15 @@ def render_response(result: ChatResult, req: ChatRequest) -> dict[str, Any]:
     if result.reasoning:
         message["reasoning_content"] = result.reasoning
     if result.tool_calls:
-        ids = UniqueIds("call_")
+        ids = common.UniqueIds("call_")
         message["tool_calls"] = [
             {"id": ids.take(t.id), "type": "function", "function": {"name": t.name, "arguments": t.arguments}}
             for t in result.tool_calls
         ]
     return {
-        "id": prefixed_id(result.response_id, "chatcmpl-"),
+        "id": common.prefixed_id(result.response_id, "chatcmpl-"),
         "object": "chat.completion",
-        "created": now_s(),
+        "created": common.now_s(),
         "model": req.model,
         "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason(result)}],
         "usage": _usage(result),
@@ -293,12 +274,12 @@ class StreamRenderer:
 
     def __init__(self, req: ChatRequest, response_id: str):
         self.req = req
-        self.id = prefixed_id(response_id, "chatcmpl-")
-        self.created = now_s()
+        self.id = common.prefixed_id(response_id, "chatcmpl-")
+        self.created = common.now_s()
         self._started = False
-        self._seen = Catchup()
+        self._seen = common.Catchup()
         self._out_index: dict[int, int] = {}
-        self._ids = UniqueIds("call_")
+        self._ids = common.UniqueIds("call_")
 
     def _chunk(self, delta: dict[str, Any], finish: str | None = None) -> bytes:
         chunk: dict[str, Any] = {
@@ -310,7 +291,7 @@ class StreamRenderer:
         }
         if self.req.include_usage:
             chunk["usage"] = None
-        return sse(chunk)
+        return common.sse(chunk)
 
     def _start(self) -> list[bytes]:
         if self._started:
@@ -369,14 +350,14 @@ class StreamRenderer:
                 "choices": [],
                 "usage": _usage(result),
             }
-            frames.append(sse(usage))
+            frames.append(common.sse(usage))
         frames.append(b"data: [DONE]\n\n")
         return frames
 
     def error(self, err: ProviderError) -> list[bytes]:
         """A mid-stream failure: an error object as a data line (what OpenAI-compatible servers send)."""
         _, body, _ = render_error(err)
-        return [sse(body)]
+        return [common.sse(body)]
 
 
 # ------------------------------------------------------------------------------------------------ errors
@@ -401,4 +382,4 @@ def openai_error_body(err: ProviderError) -> dict[str, Any]:
 
 
 def render_error(err: ProviderError) -> tuple[int, dict[str, Any], dict[str, str]]:
-    return err.status, openai_error_body(err), retry_headers(err)
+    return err.status, openai_error_body(err), common.retry_headers(err)

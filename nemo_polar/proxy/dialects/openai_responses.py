@@ -19,32 +19,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from nemo_polar.proxy.dialects._common import (
-    MAX_TOKENS_LIMIT,
-    CallIds,
-    Catchup,
-    UniqueIds,
-    as_dict,
-    bad,
-    check_conversation,
-    check_tool_name,
-    check_unique_tools,
-    load_body,
-    new_id,
-    now_s,
-    opt_bool,
-    opt_dict,
-    opt_int,
-    opt_list,
-    opt_num,
-    opt_str,
-    prefixed_id,
-    req_str,
-    retry_headers,
-    schema_dict,
-    sse,
-    with_system,
-)
+from nemo_polar.proxy.dialects import _common as common
 from nemo_polar.proxy.dialects._responses_input import HOSTED_TOOLS, InputItems, ToolSet, flat_name
 from nemo_polar.proxy.dialects.openai_chat import openai_error_body
 from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, RouteMatch, Sampling, StreamEvent
@@ -57,15 +32,17 @@ ROUTES: list[tuple[str, str, str]] = [("POST", "/v1/responses", "responses")]
 
 
 def parse_request(body: bytes | dict[str, Any], route: RouteMatch) -> ChatRequest:
-    d = load_body(body)
-    model = req_str(d, "model", "model", nonempty=True)
+    d = common.load_body(body)
+    model = common.req_str(d, "model", "model", nonempty=True)
     if d.get("previous_response_id") is not None:
-        bad("previous_response_id is not supported: send the whole history in input", param="previous_response_id")
+        common.bad(
+            "previous_response_id is not supported: send the whole history in input", param="previous_response_id"
+        )
     extra: dict[str, Any] = {}
     tools = ToolSet(extra)
     tools.add(d.get("tools"), "tools")
     system_texts: list[str] = []
-    instructions = opt_str(d, "instructions", "instructions")
+    instructions = common.opt_str(d, "instructions", "instructions")
     if instructions:
         system_texts.append(instructions)
     inp = d.get("input")
@@ -74,25 +51,25 @@ def parse_request(body: bytes | dict[str, Any], route: RouteMatch) -> ChatReques
     elif isinstance(inp, list):
         items = inp
     elif inp is None:
-        bad("input: field required", param="input")
+        common.bad("input: field required", param="input")
     else:
-        bad("input: expected a string or an array of items", param="input")
-    ids = CallIds()
+        common.bad("input: expected a string or an array of items", param="input")
+    ids = common.CallIds()
     messages = InputItems(ids, tools, system_texts, extra).run(items)
-    messages = with_system(system_texts, messages)
-    check_conversation(messages, "input")
+    messages = common.with_system(system_texts, messages)
+    common.check_conversation(messages, "input")
     if ids.original:
         extra["tool_call_ids"] = dict(ids.original)
-    check_unique_tools(tools.tools, "tools")
+    common.check_unique_tools(tools.tools, "tools")
     if tools.map:
         extra["tool_map"] = tools.map
     tool_choice = _tool_choice(d.get("tool_choice"), extra)
     reasoning = _reasoning(d, extra)
     _side_fields(d, extra)
     sampling = Sampling(
-        max_tokens=opt_int(d, "max_output_tokens", "max_output_tokens", lo=1, hi=MAX_TOKENS_LIMIT),
-        temperature=opt_num(d, "temperature", "temperature", lo=0.0, hi=2.0),
-        top_p=opt_num(d, "top_p", "top_p", lo=0.0, hi=1.0),
+        max_tokens=common.opt_int(d, "max_output_tokens", "max_output_tokens", lo=1, hi=common.MAX_TOKENS_LIMIT),
+        temperature=common.opt_num(d, "temperature", "temperature", lo=0.0, hi=2.0),
+        top_p=common.opt_num(d, "top_p", "top_p", lo=0.0, hi=1.0),
     )
     return ChatRequest(
         dialect=DIALECT.value,
@@ -102,7 +79,7 @@ def parse_request(body: bytes | dict[str, Any], route: RouteMatch) -> ChatReques
         tool_choice=tool_choice,
         response_format=_text_format(d.get("text")),
         sampling=sampling,
-        stream=opt_bool(d, "stream", "stream") or False,
+        stream=common.opt_bool(d, "stream", "stream") or False,
         include_usage=True,
         reasoning=reasoning,
         extra=extra,
@@ -111,15 +88,15 @@ def parse_request(body: bytes | dict[str, Any], route: RouteMatch) -> ChatReques
 
 def _side_fields(d: dict[str, Any], extra: dict[str, Any]) -> None:
     """Validate the fields that do not change the prompt; keep what rendering or the record needs."""
-    include = opt_list(d, "include", "include")
+    include = common.opt_list(d, "include", "include")
     if include is not None:
         extra["include"] = include
     for key in ("prompt_cache_key", "service_tier", "user", "truncation"):
-        opt_str(d, key, key)
+        common.opt_str(d, key, key)
     for key in ("metadata", "client_metadata"):
-        opt_dict(d, key, key)
-    opt_bool(d, "store", "store")
-    ptc = opt_bool(d, "parallel_tool_calls", "parallel_tool_calls")
+        common.opt_dict(d, key, key)
+    common.opt_bool(d, "store", "store")
+    ptc = common.opt_bool(d, "parallel_tool_calls", "parallel_tool_calls")
     if ptc is not None:
         extra["parallel_tool_calls"] = ptc
 
@@ -129,31 +106,31 @@ def _tool_choice(v: Any, extra: dict[str, Any]) -> Any:
         return None
     if isinstance(v, str):
         if v not in ("auto", "none", "required"):
-            bad(f"tool_choice: must be auto, none, required or an object; got {v!r}", param="tool_choice")
+            common.bad(f"tool_choice: must be auto, none, required or an object; got {v!r}", param="tool_choice")
         return v
-    v = as_dict(v, "tool_choice")
+    v = common.as_dict(v, "tool_choice")
     kind = v.get("type")
     if kind in ("function", "custom"):
-        name = check_tool_name(v.get("name"), "tool_choice.name")
-        ns = opt_str(v, "namespace", "tool_choice.namespace")
+        name = common.check_tool_name(v.get("name"), "tool_choice.name")
+        ns = common.opt_str(v, "namespace", "tool_choice.namespace")
         return {"type": "function", "function": {"name": flat_name(ns, name) if ns else name}}
     if kind == "allowed_tools":
         mode = v.get("mode", "auto")
         if mode not in ("auto", "required"):
-            bad("tool_choice.mode: must be auto or required", param="tool_choice.mode")
+            common.bad("tool_choice.mode: must be auto or required", param="tool_choice.mode")
         extra["allowed_tools"] = v.get("tools")
         return mode
     if isinstance(kind, str) and (kind in HOSTED_TOOLS or kind.startswith("web_search")):
         return "auto"
-    bad(f"tool_choice.type: unsupported tool choice {kind!r}", param="tool_choice.type")
+    common.bad(f"tool_choice.type: unsupported tool choice {kind!r}", param="tool_choice.type")
 
 
 def _reasoning(d: dict[str, Any], extra: dict[str, Any]) -> bool | None:
-    r = opt_dict(d, "reasoning", "reasoning")
+    r = common.opt_dict(d, "reasoning", "reasoning")
     if r is None:
         return None
-    effort = opt_str(r, "effort", "reasoning.effort")
-    opt_str(r, "summary", "reasoning.summary")
+    effort = common.opt_str(r, "effort", "reasoning.effort")
+    common.opt_str(r, "summary", "reasoning.summary")
     extra["reasoning"] = r
     return None if effort is None else effort != "none"
 
@@ -161,7 +138,7 @@ def _reasoning(d: dict[str, Any], extra: dict[str, Any]) -> bool | None:
 def _text_format(v: Any) -> dict[str, Any] | None:
     if v is None:
         return None
-    fmt = opt_dict(as_dict(v, "text"), "format", "text.format")
+    fmt = common.opt_dict(common.as_dict(v, "text"), "format", "text.format")
     if fmt is None:
         return None
     kind = fmt.get("type")
@@ -170,13 +147,13 @@ def _text_format(v: Any) -> dict[str, Any] | None:
     if kind == "json_object":
         return {"type": "json_object"}
     if kind == "json_schema":
-        out: dict[str, Any] = {"name": req_str(fmt, "name", "text.format.name", nonempty=True)}
-        out["schema"] = schema_dict(fmt.get("schema"), "text.format.schema")
-        strict = opt_bool(fmt, "strict", "text.format.strict")
+        out: dict[str, Any] = {"name": common.req_str(fmt, "name", "text.format.name", nonempty=True)}
+        out["schema"] = common.schema_dict(fmt.get("schema"), "text.format.schema")
+        strict = common.opt_bool(fmt, "strict", "text.format.strict")
         if strict is not None:
             out["strict"] = strict
         return {"type": "json_schema", "json_schema": out}
-    bad(f"text.format.type: must be text, json_object or json_schema; got {kind!r}", param="text.format.type")
+    common.bad(f"text.format.type: must be text, json_object or json_schema; got {kind!r}", param="text.format.type")
 
 
 # ---------------------------------------------------------------------------------------- render response
@@ -276,14 +253,14 @@ def _response(req: ChatRequest, rid: str, created: int, status: str, output: lis
 def render_response(result: ChatResult, req: ChatRequest) -> dict[str, Any]:
     output: list[dict[str, Any]] = []
     if result.reasoning:
-        output.append(_reasoning_item(new_id("rs_"), result.reasoning))
+        output.append(_reasoning_item(common.new_id("rs_"), result.reasoning))
     if result.content or not result.tool_calls:
-        output.append(_message_item(new_id("msg_"), result.content))
-    ids = UniqueIds("call_")
+        output.append(_message_item(common.new_id("msg_"), result.content))
+    ids = common.UniqueIds("call_")
     for tc in result.tool_calls:
-        output.append(_call_item(req, new_id("fc_"), ids.take(tc.id), tc.name, tc.arguments, "completed"))
+        output.append(_call_item(req, common.new_id("fc_"), ids.take(tc.id), tc.name, tc.arguments, "completed"))
     status, incomplete = _status(result)
-    body = _response(req, prefixed_id(result.response_id, "resp_"), now_s(), status, output)
+    body = _response(req, common.prefixed_id(result.response_id, "resp_"), common.now_s(), status, output)
     body["incomplete_details"] = incomplete
     body["usage"] = _usage(result)
     return body
@@ -302,20 +279,20 @@ class StreamRenderer:
 
     def __init__(self, req: ChatRequest, response_id: str):
         self.req = req
-        self.id = prefixed_id(response_id, "resp_")
-        self.created = now_s()
+        self.id = common.prefixed_id(response_id, "resp_")
+        self.created = common.now_s()
         self._seq = 0
         self._started = False
         self._output: list[dict[str, Any] | None] = []
         self._open: tuple[str, int, str] | None = None  # (kind, output_index, accumulated text)
         self._calls: dict[int, tuple[int, str, str]] = {}  # tool index → (output_index, item id, call id)
-        self._seen = Catchup()
-        self._ids = UniqueIds("call_")
+        self._seen = common.Catchup()
+        self._ids = common.UniqueIds("call_")
 
     def _ev(self, kind: str, **fields: Any) -> bytes:
         data = {"type": kind, "sequence_number": self._seq, **fields}
         self._seq += 1
-        return sse(data, kind)
+        return common.sse(data, kind)
 
     def _start(self) -> list[bytes]:
         if self._started:
@@ -361,11 +338,11 @@ class StreamRenderer:
         frames = self._close()
         idx = len(self._output)
         if kind == "reasoning":
-            item = _reasoning_item(new_id("rs_"), "", "in_progress")
+            item = _reasoning_item(common.new_id("rs_"), "", "in_progress")
             event, index_key = "response.reasoning_summary_part.added", "summary_index"
             part: dict[str, Any] = {"type": "summary_text", "text": ""}
         else:
-            item = _message_item(new_id("msg_"), "", "in_progress")
+            item = _message_item(common.new_id("msg_"), "", "in_progress")
             event, index_key = "response.content_part.added", "content_index"
             part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
         self._output.append(item)
@@ -417,7 +394,7 @@ class StreamRenderer:
         if index in self._calls:  # an engine re-announcing a call: already started
             return frames
         cid = self._ids.take(call_id)
-        iid = new_id("ctc_" if self._is_custom(name) else "fc_")
+        iid = common.new_id("ctc_" if self._is_custom(name) else "fc_")
         self._calls[index] = (idx, iid, cid)
         self._seen.calls[index] = [call_id, name, ""]
         item = _call_item(self.req, iid, cid, name, "", "in_progress")
@@ -508,4 +485,4 @@ class StreamRenderer:
 
 
 def render_error(err: ProviderError) -> tuple[int, dict[str, Any], dict[str, str]]:
-    return err.status, openai_error_body(err), retry_headers(err)
+    return err.status, openai_error_body(err), common.retry_headers(err)
