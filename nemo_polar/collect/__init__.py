@@ -7,33 +7,11 @@ Submodules: `collect` (the run), `progress` (rich display), `summary` (Table-2 n
 `viewer` + `report.html.jinja` (the report), `cli` (`register(subparsers)`). Nothing here is imported by the core.
 """
 
-from nemo_polar.collect.collect import (
-    CollectError,
-    CollectOptions,
-    CollectReport,
-    Upstream,
-    collect,
-    example_tasks,
-    expand_tasks,
-    load_tasks,
-)
+from nemo_polar.collect import collect as _run
+from nemo_polar.collect.collect import *  # noqa: F403  (the run's API: its __all__)
 from nemo_polar.collect.export import export_sft, sft_lines
 from nemo_polar.collect.summary import summarize, write_summary
 from nemo_polar.collect.viewer import render_report, write_report
 
-__all__ = [
-    "CollectError",
-    "CollectOptions",
-    "CollectReport",
-    "Upstream",
-    "collect",
-    "example_tasks",
-    "expand_tasks",
-    "export_sft",
-    "load_tasks",
-    "render_report",
-    "sft_lines",
-    "summarize",
-    "write_report",
-    "write_summary",
-]
+__all__ = ["export_sft", "render_report", "sft_lines", "summarize", "write_report", "write_summary"]
+__all__ += _run.__all__
