@@ -2,18 +2,20 @@
 """Credit fidelity (issue 13): does CALL-CREDIT credit the calls that caused success?
 
     .venv/bin/python benchmarks/credit_fidelity.py [--seeds 5] [--scenarios basic,confounded,noisy]
-        [--tasks-in 10] [--tasks-out 4] [--samples 8] [--adapt-steps 5] [--json OUT]
+        [--tasks-in 10] [--tasks-out 10] [--samples 8] [--adapt-steps 5] [--json OUT]
 
 What runs (docs/credit_sim_model.md is the causal model, fixed before any measurement): per scenario and seed,
-GRPO batches of simulated coding-agent sessions (10 held-in tasks in six harness vocabularies, 4 held-out tasks in
-mini-swe-agent's, 8 samples each) become real `CompletionRecord`s (tiny-qwen3's chat template and tokenizer), go
-through `trajectory.build` (per_request and prefix_merging) and CALL-CREDIT with `CallCreditConfig()` (defaults,
-never tuned here). Five arms — (a) outcome broadcast, (b) uniform per-step split, (c) CALL-CREDIT rules, (d) + the
-core's counterfactual calibration with the simulator's runner, (e) ω after N co-evolution steps — are scored
-against each call's exact interventional effect: Spearman ρ, the reward-hacking rate, the share of positive
-credit on irrelevant calls; mean ± 95 % t-interval over seeds. Rows `call` are Â_v before fusion; builder rows
-are the fused token advantages the trainer receives (α = 0.5 for (c)–(e)). Needs `polar backend prepare`
-(tiny-qwen3's tokenizer); without it, it exits 2 with the reason.
+GRPO batches of simulated coding-agent sessions (10 held-in tasks in six harness vocabularies, 10 held-out tasks in
+mini-swe-agent's, 8 samples each; the held-out split had 4 until 2026-12-01, docs/credit_sim_model.md §9) become
+real `CompletionRecord`s (tiny-qwen3's chat template and tokenizer), go through `trajectory.build` (per_request and
+prefix_merging) and CALL-CREDIT with `CallCreditConfig()` (defaults, never tuned here). Five arms — (a) outcome
+broadcast, (b) uniform per-step split, (c) CALL-CREDIT rules, (d) + the core's counterfactual calibration with the
+simulator's runner, (e) ω after N co-evolution steps — are scored against each call's exact interventional effect:
+Spearman ρ, the reward-hacking rate, the share of positive credit on irrelevant calls; mean ± 95 % t-interval over
+seeds. Rows `call` are Â_v before fusion; builder rows are the fused token advantages the trainer receives
+(α = 0.5 for (c)–(e)). The held-out batch's sessions are also re-rendered in each held-in vocabulary and
+CALL-CREDIT's roles and credit compared (`vocabulary_check`). Needs `polar backend prepare` (tiny-qwen3's
+tokenizer); without it, it exits 2 with the reason.
 
 The replay subset (`_replay_truth.py`, run alongside in a thread): for the example tasks in `--replay-examples`,
 each call's effect measured through the REAL counterfactual replay path (rollout service, proxy plan steps, a real
@@ -44,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--scenarios", default="basic,confounded,noisy")
     ap.add_argument("--tasks-in", type=int, default=10)
-    ap.add_argument("--tasks-out", type=int, default=4, help="0 leaves the held-out vocabulary out")
+    ap.add_argument("--tasks-out", type=int, default=10, help="0 leaves the held-out vocabulary out")
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--adapt-steps", type=int, default=5)
     ap.add_argument("--adapt-tasks", type=int, default=5)

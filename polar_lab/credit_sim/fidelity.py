@@ -52,6 +52,7 @@ __all__ = [
     "run",
     "spearman",
     "summarize",
+    "vocabulary_check",
 ]
 
 ARMS = ("broadcast", "uniform", "literal", "rules", "calibrated", "omega")
@@ -93,7 +94,9 @@ class FidelityConfig:
     scenarios: tuple[str, ...] = ("basic", "confounded", "noisy")
     seeds: tuple[int, ...] = (0, 1, 2, 3, 4)
     tasks_in: int = 10
-    tasks_out: int = 4
+    # the held-out split gets as many tasks as the held-in one (it had 4 until 2026-12-01: too few to separate the
+    # arms' 95 % intervals; docs/credit_sim_model.md §9). A sampling parameter of the benchmark, not of the model.
+    tasks_out: int = 10
     samples: int = 8
     adapt_steps: int = 5
     adapt_tasks: int = 5
@@ -323,6 +326,29 @@ def measure(b: Batch, arm: ArmCredit, builder: str, cfg: CallCreditConfig) -> di
     }
 
 
+def vocabulary_check(
+    scenario: str, seed: int, n_tasks: int, n_samples: int, cfg: CallCreditConfig
+) -> dict[str, int | float]:
+    """The held-out batch's sessions (same tag, same draws) rendered in each held-in vocabulary too: how many calls
+    get another role than in the held-out rendering, and the largest |Δ Â_v|. Records without token data (only
+    `annotate` reads them). Zero everywhere means the held-out split differs from the held-in one only by its draws."""
+    ref = make_batch(scenario, seed, "held-out", (HELD_OUT,), n_tasks, n_samples, None, builders=False)
+    ref_credit = torch.cat([a.credit for a in assign(ref.graphs, ref.rewards, cfg, group_ids=ref.group_ids)])
+    ref_roles = [r for g in ref.graphs for r in g.roles()]
+    ref_actions = [[st.action for st in s.steps] for s in ref.sessions]
+    out: dict[str, int | float] = {"calls": 0, "role_mismatch": 0, "max_abs_credit_diff": 0.0}
+    for vocab in HELD_IN:
+        b = make_batch(scenario, seed, "held-out", (vocab,), n_tasks, n_samples, None, builders=False)
+        if [[st.action for st in s.steps] for s in b.sessions] != ref_actions:
+            raise AssertionError(f"vocabulary {vocab} drew other sessions than {HELD_OUT}")
+        credit = torch.cat([a.credit for a in assign(b.graphs, b.rewards, cfg, group_ids=b.group_ids)])
+        roles = [r for g in b.graphs for r in g.roles()]
+        out["calls"] += len(roles)
+        out["role_mismatch"] += sum(x != y for x, y in zip(roles, ref_roles, strict=True))
+        out["max_abs_credit_diff"] = max(out["max_abs_credit_diff"], float((credit - ref_credit).abs().max()))
+    return out
+
+
 def truth_check(b: Batch, runner: SimulatorRunner, n_calls: int, n_runs: int, seed: int) -> list[dict[str, float]]:
     """δ for `n_calls` random calls through the runner (call as recorded vs. no action), M runs each, next to
     the exact δ."""
@@ -364,7 +390,7 @@ def run(fc: FidelityConfig, tok: ChatTokenizer, cfg: CallCreditConfig | None = N
     """Every scenario × seed: held-in and held-out batches, five arms, three builders, three metrics."""
     cfg = cfg or CallCreditConfig()
     results: dict[tuple[str, str, str, str], dict[str, list[float]]] = {}
-    extras: dict[str, Any] = {"omega": {}, "truth": [], "chains": {}, "calibrated": {}, "harness": {}}
+    extras: dict[str, Any] = {"omega": {}, "truth": [], "chains": {}, "calibrated": {}, "harness": {}, "vocab": {}}
     for scenario in fc.scenarios:
         for seed in fc.seeds:
             runner = SimulatorRunner(seed=seed)
@@ -390,6 +416,10 @@ def run(fc: FidelityConfig, tok: ChatTokenizer, cfg: CallCreditConfig | None = N
                             cell = extras["harness"].setdefault((scenario, h, builder, arm_name), [0, 0])
                             cell[0] += nh
                             cell[1] += ns
+                if split == "held-out":
+                    extras["vocab"].setdefault(scenario, []).append(
+                        vocabulary_check(scenario, seed, n_tasks, fc.samples, cfg)
+                    )
                 if split == "held-in" and fc.truth_calls > 0:
                     extras["truth"].extend(truth_check(b, runner, fc.truth_calls, fc.truth_runs, seed))
     return {"results": results, "extras": extras, "config": fc}
@@ -462,6 +492,13 @@ def format_table(out: dict[str, Any]) -> str:
         lines.append(
             f"ω after {fc.adapt_steps} co-evolution steps ({scenario}, mean over seeds): "
             + ", ".join(f"{r} {v:.3f}" for r, v in mean.items())
+        )
+    for scenario, checks in ex["vocab"].items():
+        calls = sum(int(c["calls"]) for c in checks)
+        lines.append(
+            f"held-out sessions re-rendered in each held-in vocabulary ({scenario}, {calls} calls): "
+            f"role differs in {sum(int(c['role_mismatch']) for c in checks)}, "
+            f"max |Δ Â_v| = {max(float(c['max_abs_credit_diff']) for c in checks):.2e}"
         )
     if ex["truth"]:
         t = ex["truth"]

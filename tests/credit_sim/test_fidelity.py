@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from nemo_polar.credit import CallCreditConfig
 
 from polar_lab.credit_sim.fidelity import (
     ARMS,
@@ -14,11 +15,14 @@ from polar_lab.credit_sim.fidelity import (
     METRICS,
     FidelityConfig,
     format_table,
+    make_batch,
     run,
     spearman,
     summarize,
+    vocabulary_check,
 )
 from polar_lab.credit_sim.records import ChatTokenizer
+from polar_lab.credit_sim.render import HELD_IN, HELD_OUT
 
 
 def test_spearman_by_hand() -> None:
@@ -68,6 +72,18 @@ def test_table_shape_on_a_tiny_config(chat_tokenizer: ChatTokenizer) -> None:
     rows = [ln for ln in table.splitlines() if ln.startswith(BUILDERS)]
     assert len(rows) == 2 * len(BUILDERS) * len(ARMS)
     assert "ω after 1 co-evolution steps" in table and "ground truth through the runner" in table
+    assert len(out["extras"]["vocab"]["confounded"]) == 2  # one vocabulary check per seed's held-out batch
+    assert "held-out sessions re-rendered in each held-in vocabulary (confounded," in table
+
+
+def test_vocabulary_check_compares_the_same_sessions_in_every_held_in_vocabulary() -> None:
+    cfg = CallCreditConfig()
+    ref = make_batch("basic", 7, "held-out", (HELD_OUT,), 2, 3, None, builders=False)
+    n_calls = sum(len(g.nodes) for g in ref.graphs)
+    out = vocabulary_check("basic", 7, 2, 3, cfg)
+    assert out["calls"] == n_calls * len(HELD_IN)
+    assert 0 <= out["role_mismatch"] <= out["calls"]
+    assert out["max_abs_credit_diff"] >= 0.0
 
 
 def test_run_is_reproducible(chat_tokenizer: ChatTokenizer) -> None:
