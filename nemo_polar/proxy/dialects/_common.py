@@ -24,7 +24,7 @@ import json
 import math
 import time
 import uuid
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Iterable
 from typing import Any, NoReturn, TypeVar
 
 import orjson
@@ -320,6 +320,35 @@ def check_tool_name(name: Any, path: str) -> str:
     if not name or len(name) > 256:
         bad(f"{path}: a tool name must be 1 to 256 characters", param=path)
     return name
+
+
+def read_tools(
+    v: Any, read: Callable[[dict[str, Any], str], Iterable[dict[str, Any]]], path: str = "tools"
+) -> list[dict[str, Any]]:
+    """A request's tools array: null is none; each entry must be an object, which `read(entry, its path)` turns
+    into its function tools (none: the entry is dropped), entry by entry; the names must be unique."""
+    if v is None:
+        return []
+    if not isinstance(v, list):
+        bad(f"{path}: expected an array", param=path)
+    tools: list[dict[str, Any]] = []
+    for i, t in enumerate(v):
+        tpath = f"{path}[{i}]"
+        tools.extend(read(as_dict(t, tpath), tpath))
+    check_unique_tools(tools, path)
+    return tools
+
+
+def tool_header(t: dict[str, Any], path: str) -> tuple[str, str | None]:
+    """A declared tool's `name` (checked) and optional `description`."""
+    return check_tool_name(t.get("name"), f"{path}.name"), opt_str(t, "description", f"{path}.description")
+
+
+def declared_tool(t: dict[str, Any], path: str, schema_key: str) -> dict[str, Any]:
+    """A function tool declared as `name`, `description` and a JSON schema under `schema_key` (Anthropic's
+    `input_schema`, OpenAI Chat's `function.parameters`)."""
+    name, desc = tool_header(t, path)
+    return function_tool(name, desc, schema_dict(t.get(schema_key), f"{path}.{schema_key}"))
 
 
 class CallIds:

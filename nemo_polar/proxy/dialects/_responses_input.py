@@ -58,8 +58,7 @@ class ToolSet:
             self.add(inner, f"{path}.tools", ns)
             return
         if kind in ("function", "custom"):
-            name = common.check_tool_name(t.get("name"), f"{path}.name")
-            desc = common.opt_str(t, "description", f"{path}.description")
+            name, desc = common.tool_header(t, path)
             flat = flat_name(namespace, name) if namespace else name
             if kind == "function":
                 params = common.schema_dict(t.get("parameters"), f"{path}.parameters")

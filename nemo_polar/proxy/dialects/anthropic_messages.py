@@ -11,6 +11,7 @@ message_stop). Does no I/O, knows no engine; token ids and logprobs never appear
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from typing import Any
 
 from nemo_polar.proxy.dialects import _common as common
@@ -182,16 +183,24 @@ def _tool_result_content(b: dict[str, Any], path: str) -> str | list[dict[str, A
     return common.collapse_parts(parts)
 
 
+def _other_blocks(
+    blocks: list[dict[str, Any]], path: str, parts: list[dict[str, Any]]
+) -> Iterator[tuple[Any, dict[str, Any], str]]:
+    """A turn's content blocks: a plain text block (the fast path) goes straight into `parts` as a text part; every
+    other block is yielded with its type and path, for the caller to validate."""
+    for j, b in enumerate(blocks):
+        kind = b.get("type")
+        if kind == "text" and type(b.get("text")) is str:
+            parts.append(common.text_part(b["text"]))
+            continue
+        yield kind, b, f"{path}.content[{j}]"
+
+
 def _user(blocks: list[dict[str, Any]], path: str, ids: common.CallIds, extra: dict[str, Any]) -> list[dict[str, Any]]:
     """Tool results become tool messages (first, in order); the other blocks one user message after them."""
     out: list[dict[str, Any]] = []
     parts: list[dict[str, Any]] = []
-    for j, b in enumerate(blocks):
-        kind = b.get("type")
-        if kind == "text" and type(b.get("text")) is str:  # fast path; anything else is validated below
-            parts.append(common.text_part(b["text"]))
-            continue
-        bpath = f"{path}.content[{j}]"
+    for kind, b, bpath in _other_blocks(blocks, path, parts):
         if kind == "tool_result":
             tid = common.req_str(b, "tool_use_id", f"{bpath}.tool_use_id", nonempty=True)
             cid = ids.result(tid)
@@ -209,12 +218,7 @@ def _assistant(blocks: list[dict[str, Any]], path: str, ids: common.CallIds, ext
     parts: list[dict[str, Any]] = []
     calls: list[dict[str, Any]] = []
     reasoning: list[str] = []
-    for j, b in enumerate(blocks):
-        kind = b.get("type")
-        if kind == "text" and type(b.get("text")) is str:  # fast path; anything else is validated below
-            parts.append(common.text_part(b["text"]))
-            continue
-        bpath = f"{path}.content[{j}]"
+    for kind, b, bpath in _other_blocks(blocks, path, parts):
         if kind == "text":
             parts.append(common.text_part(common.req_str(b, "text", f"{bpath}.text")))
         elif kind == "thinking":
@@ -236,27 +240,16 @@ def _assistant(blocks: list[dict[str, Any]], path: str, ids: common.CallIds, ext
 
 
 def _tools(v: Any, extra: dict[str, Any]) -> list[dict[str, Any]]:
-    if v is None:
-        return []
-    if not isinstance(v, list):
-        common.bad("tools: expected an array", param="tools")
-    tools: list[dict[str, Any]] = []
-    for i, t in enumerate(v):
-        path = f"tools[{i}]"
-        t = common.as_dict(t, path)
+    def read(t: dict[str, Any], path: str) -> list[dict[str, Any]]:
         kind = t.get("type")
-        if kind not in (None, "custom"):
-            if not isinstance(kind, str):
-                common.bad(f"{path}.type: expected a string", param=f"{path}.type")
-            extra.setdefault("dropped_tools", []).append(kind)
-            continue
-        name = common.check_tool_name(t.get("name"), f"{path}.name")
-        desc = common.opt_str(t, "description", f"{path}.description")
-        tools.append(
-            common.function_tool(name, desc, common.schema_dict(t.get("input_schema"), f"{path}.input_schema"))
-        )
-    common.check_unique_tools(tools, "tools")
-    return tools
+        if kind in (None, "custom"):
+            return [common.declared_tool(t, path, "input_schema")]
+        if not isinstance(kind, str):
+            common.bad(f"{path}.type: expected a string", param=f"{path}.type")
+        extra.setdefault("dropped_tools", []).append(kind)  # server tools (web search, …)
+        return []
+
+    return common.read_tools(v, read)
 
 
 def _tool_choice(v: Any, extra: dict[str, Any]) -> Any:
@@ -300,14 +293,12 @@ def tool_use_id(raw: str, ids: common.UniqueIds) -> str:
     return ids.take(common.prefixed_id(raw, "toolu_") if raw else "")
 
 
+# our finish reason → Messages' stop_reason (any other: end_turn; any tool call: tool_use)
+_STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens", "content_filter": "refusal"}
+
+
 def stop_reason(result: ChatResult) -> str:
-    if result.tool_calls or result.finish_reason == "tool_calls":
-        return "tool_use"
-    if result.finish_reason == "length":
-        return "max_tokens"
-    if result.finish_reason == "content_filter":
-        return "refusal"
-    return "end_turn"
+    return "tool_use" if result.tool_calls else _STOP_REASONS.get(result.finish_reason, "end_turn")
 
 
 def _usage(result: ChatResult) -> dict[str, Any]:

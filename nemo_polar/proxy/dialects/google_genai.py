@@ -277,29 +277,24 @@ def _response_text(resp: dict[str, Any]) -> str:
 
 
 def _tools(v: Any, extra: dict[str, Any]) -> list[dict[str, Any]]:
-    if v is None:
-        return []
-    if not isinstance(v, list):
-        common.bad("tools: expected an array", param="tools")
-    tools: list[dict[str, Any]] = []
-    for i, t in enumerate(v):
-        path = f"tools[{i}]"
-        t = _obj(t, path)
+    def read(t: dict[str, Any], path: str) -> list[dict[str, Any]]:
+        t = _camel(t)
         for key in t:
             if key != "functionDeclarations":
                 extra.setdefault("dropped_tools", []).append(key)
+        out = []
         for j, fd in enumerate(common.opt_list(t, "functionDeclarations", f"{path}.functionDeclarations") or []):
             fpath = f"{path}.functionDeclarations[{j}]"
             fd = _obj(fd, fpath)
-            name = common.check_tool_name(fd.get("name"), f"{fpath}.name")
-            desc = common.opt_str(fd, "description", f"{fpath}.description")
+            name, desc = common.tool_header(fd, fpath)
             if fd.get("parametersJsonSchema") is not None:
                 params = common.schema_dict(fd["parametersJsonSchema"], f"{fpath}.parametersJsonSchema")
             else:
                 params = lower_types(common.schema_dict(fd.get("parameters"), f"{fpath}.parameters"))
-            tools.append(common.function_tool(name, desc, params))
-    common.check_unique_tools(tools, "tools")
-    return tools
+            out.append(common.function_tool(name, desc, params))
+        return out
+
+    return common.read_tools(v, read)
 
 
 def _tool_config(v: Any) -> Any:
@@ -354,12 +349,12 @@ def _response_format(gc: dict[str, Any]) -> dict[str, Any] | None:
 # ---------------------------------------------------------------------------------------- render response
 
 
+# our finish reason → GenerateContent's finishReason (any other: STOP)
+_FINISH_REASONS = {"length": "MAX_TOKENS", "content_filter": "SAFETY"}
+
+
 def finish_reason(result: ChatResult) -> str:
-    if result.finish_reason == "length":
-        return "MAX_TOKENS"
-    if result.finish_reason == "content_filter":
-        return "SAFETY"
-    return "STOP"
+    return _FINISH_REASONS.get(result.finish_reason, "STOP")
 
 
 def _usage(result: ChatResult) -> dict[str, Any]:

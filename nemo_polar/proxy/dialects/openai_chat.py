@@ -151,25 +151,15 @@ def _assistant(m: dict[str, Any], path: str, ids: common.CallIds) -> dict[str, A
 
 
 def _tools(v: Any) -> list[dict[str, Any]]:
-    if v is None:
-        return []
-    if not isinstance(v, list):
-        common.bad("tools: expected an array", param="tools")
-    tools = []
-    for i, t in enumerate(v):
-        path = f"tools[{i}]"
-        t = common.as_dict(t, path)
-        if t.get("type") != "function":
-            common.bad(f"{path}.type: only function tools are supported, got {t.get('type')!r}", param=f"{path}.type")
-        fn = common.opt_dict(t, "function", f"{path}.function", required=True)
-        assert fn is not None
-        name = common.check_tool_name(fn.get("name"), f"{path}.function.name")
-        desc = common.opt_str(fn, "description", f"{path}.function.description")
-        tools.append(
-            common.function_tool(name, desc, common.schema_dict(fn.get("parameters"), f"{path}.function.parameters"))
-        )
-    common.check_unique_tools(tools, "tools")
-    return tools
+    return common.read_tools(v, _tool)
+
+
+def _tool(t: dict[str, Any], path: str) -> list[dict[str, Any]]:
+    if t.get("type") != "function":
+        common.bad(f"{path}.type: only function tools are supported, got {t.get('type')!r}", param=f"{path}.type")
+    fn = common.opt_dict(t, "function", f"{path}.function", required=True)
+    assert fn is not None
+    return [common.declared_tool(fn, f"{path}.function", "parameters")]
 
 
 def _tool_choice(v: Any, extra: dict[str, Any]) -> Any:

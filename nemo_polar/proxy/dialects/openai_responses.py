@@ -159,12 +159,13 @@ def _text_format(v: Any) -> dict[str, Any] | None:
 # ---------------------------------------------------------------------------------------- render response
 
 
+# our finish reasons that leave a response incomplete → its incomplete_details.reason (any other: completed)
+_INCOMPLETE = {"length": "max_output_tokens", "content_filter": "content_filter"}
+
+
 def _status(result: ChatResult) -> tuple[str, dict[str, Any] | None]:
-    if result.finish_reason == "length":
-        return "incomplete", {"reason": "max_output_tokens"}
-    if result.finish_reason == "content_filter":
-        return "incomplete", {"reason": "content_filter"}
-    return "completed", None
+    reason = _INCOMPLETE.get(result.finish_reason)
+    return ("incomplete", {"reason": reason}) if reason else ("completed", None)
 
 
 def _usage(result: ChatResult) -> dict[str, Any]:
