@@ -201,12 +201,14 @@ def problems(report: dict[str, Any]) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"of {', '.join(lc.ARMS)}")
     ap.add_argument("--group", type=int, default=6, help="sessions per GRPO group (one prompt per step)")
-    ap.add_argument("--lr", type=float, default=2e-2)
+    ap.add_argument("--lr", type=float, default=1e-2)
     ap.add_argument("--threshold", type=float, default=0.6)
+    ap.add_argument("--summarize", type=Path, default=None, help="only summarize this report (e.g. partial.json)")
+    ap.add_argument("--max-minutes", type=float, default=30.0, help="start no step round after this (0: none)")
     ap.add_argument("--quick", action="store_true", help="1 seed, 3 steps, broadcast + call_credit")
     ap.add_argument("--work-dir", type=Path, default=None)
     ap.add_argument(
@@ -230,14 +232,21 @@ def main(argv: list[str] | None = None) -> int:
     args.json = args.json or out_dir / "learning_curve.json"
     args.svg = args.svg or out_dir / "learning_curve.svg"
     t0 = time.monotonic()
-    report = lc.run(work, arms=arms, seeds=seeds, steps=args.steps, group=args.group, lr=args.lr)
+    if args.summarize:
+        report = json.loads(args.summarize.read_text())
+        report["policies"] = {k: p for k, p in report["policies"].items() if len(p["steps"]) == report["steps"]}
+    else:
+        report = lc.run(
+            work, arms=arms, seeds=seeds, steps=args.steps, group=args.group, lr=args.lr,
+            max_minutes=args.max_minutes or None, partial=work / "partial.json",
+        )  # fmt: skip
     report["threshold"] = args.threshold
     summary = summarize(report, args.threshold)
     report["summary"] = summary
     report["verdicts"] = verdicts(summary)
-    report["command_wall_s"] = round(time.monotonic() - t0, 1)
+    report.setdefault("command_wall_s", round(time.monotonic() - t0, 1))
     args.json.write_text(json.dumps(report, indent=1, default=str))
-    args.svg.write_text(svg(summary, args.steps, args.threshold))
+    args.svg.write_text(svg(summary, report["steps"], args.threshold))
     text = table(summary, report, args.threshold)
     print(text)
     for v in report["verdicts"]:

@@ -270,10 +270,16 @@ def run(
     seeds: Sequence[int],
     steps: int,
     group: int = 6,
-    lr: float = 2e-2,
+    lr: float = 1e-2,
+    max_minutes: float | None = None,
+    partial: Path | None = None,
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
-    """`steps` GRPO steps for every (arm, seed), interleaved step by step on one vLLM and one Gym spin-up."""
+    """`steps` GRPO steps for every (arm, seed), interleaved step by step on one vLLM and one Gym spin-up.
+
+    With `max_minutes`, a step round (every policy one step) starts only if the previous round's wall time still
+    fits; `report["steps"]` is then the number of rounds done (the same for every policy). `partial`: the report
+    so far is written there after every round."""
     import ray
     import torch
     from nemo_polar.credit.nemo_rl.gateways import CONTROL_TOKEN_ENV, GatewayAdmin
@@ -348,7 +354,15 @@ def run(
         weights = VllmWeights(llm.base_url)
         report["setup_s"]["ray_and_gym"] = round(time.monotonic() - t0, 1)
         run_dir = work / "polar-run"
+        report["steps_requested"] = steps
+        report["steps"] = 0
+        last_round = 0.0
         for step in range(1, steps + 1):
+            elapsed_min = (time.monotonic() - t_start) / 60
+            if max_minutes is not None and step > 1 and elapsed_min + last_round / 60 > max_minutes:
+                log(f"[learning-curve] stopping after {step - 1} steps: the next round would pass {max_minutes} min")
+                break
+            t_round = time.monotonic()
             for pol in policies:
                 rec = _one_step(
                     pol, step, group, repo, admin, weights, actor, generation_config, config, tok, loss_fn, run_dir,
@@ -359,13 +373,14 @@ def run(
                 log(f"[learning-curve] step {step} {pol.arm.name} seed {pol.seed}: reward {rec['reward']:.2f} "
                     f"choices {rec['choices']} decisive share {rec['decisive_share']:.2f} "
                     f"versions {rec['record_policy_versions']} wall {rec['wall_s']:.1f} s")  # fmt: skip
-        for pol in policies:
-            report["policies"][f"{pol.arm.name}/{pol.seed}"] = {
-                "arm": pol.arm.name,
-                "seed": pol.seed,
-                "steps": pol.steps,
-            }
-        report["wall_s"] = round(time.monotonic() - t_start, 1)
+            last_round = time.monotonic() - t_round
+            report["steps"] = step
+            for pol in policies:
+                key = f"{pol.arm.name}/{pol.seed}"
+                report["policies"][key] = {"arm": pol.arm.name, "seed": pol.seed, "steps": pol.steps}
+            report["wall_s"] = round(time.monotonic() - t_start, 1)
+            if partial is not None:
+                partial.write_text(json.dumps(report, indent=1, default=str))
         return report
     finally:
         if ray.is_initialized():
