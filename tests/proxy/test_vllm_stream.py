@@ -209,3 +209,15 @@ def test_the_fake_upstreams_sized_stream_is_read_on_the_fast_path() -> None:
 
     acc = _assert_same(asyncio.run(fetch()))
     assert acc.fast_chunks == 64 and len(acc.ids) == len(acc.logprobs) == 64
+
+
+def test_a_stream_captured_from_vllm_0_32_is_read_on_the_fast_path() -> None:
+    """40 tokens streamed by the embedded vLLM 0.32 (`tiny-qwen3`, token capture on, as the proxy asks): the real
+    key order and fields (`bytes`, `stop_reason`, `system_fingerprint`), chunks of several tokens, an empty delta."""
+    from pathlib import Path
+
+    block = (Path(__file__).parents[1] / "data" / "vllm_stream" / "tiny_qwen3_040_tokens.sse").read_bytes()
+    acc = _assert_same(block)
+    res = acc.result()
+    assert len(res.generation_token_ids) == len(res.generation_log_probs) == res.completion_tokens == 40
+    assert acc.fast_chunks == 29  # every chunk but the first, the empty delta and the usage chunk (and [DONE])
