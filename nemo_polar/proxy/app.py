@@ -31,7 +31,7 @@ from nemo_polar.proxy.config import ProxyConfig
 from nemo_polar.proxy.engines.base import Engine, EngineCall, Generation, UpstreamError, Upstreams
 from nemo_polar.proxy.generation import CallContext, Generator, plan_kind
 from nemo_polar.proxy.normalized import ChatRequest, ProviderError, RouteMatch
-from nemo_polar.proxy.sessions import Classifier, Session, SessionManager
+from nemo_polar.proxy.sessions import Session, SessionManager
 from nemo_polar.proxy.store import RecordStore, StoreWriteError
 from nemo_polar.proxy.streaming import reply_stream
 from nemo_polar.types import CallKind, CompletionRecord
@@ -73,6 +73,8 @@ class Proxy:
         self.control_token = config.control_token or os.environ.get("POLAR_CONTROL_TOKEN") or secrets.token_urlsafe(24)
         self.store = RecordStore(config.store_dir, fsync=config.fsync)
         self.sessions = SessionManager(self.store)
+        # Python API: create a session, with an optional request classifier (the adapter's `classify_request`)
+        self.create_session = self.sessions.create
         self.upstreams = Upstreams(
             config.upstreams,
             connect_timeout_s=config.connect_timeout_s,
@@ -122,28 +124,6 @@ class Proxy:
         return app
 
     # -- Python API ------------------------------------------------------------------------------------------------
-
-    async def create_session(
-        self,
-        *,
-        session_id: str | None = None,
-        task_id: str | None = None,
-        sampling: dict[str, Any] | None = None,
-        plan: dict[str, Any] | None = None,
-        models: dict[str, Any] | None = None,
-        metadata: dict[str, Any] | None = None,
-        classifier: Classifier | None = None,
-    ) -> Session:
-        """Create a session with an optional request classifier (the harness adapter's `classify_request`)."""
-        return await self.sessions.create(
-            session_id=session_id,
-            task_id=task_id,
-            sampling=sampling,
-            plan=plan,
-            models=models,
-            metadata=metadata,
-            classifier=classifier,
-        )
 
     def set_policy_version(self, version: int | str | None) -> None:
         self.policy_version = version
