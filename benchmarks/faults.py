@@ -2,6 +2,7 @@
 """The fault campaign: real proxy processes under injected faults, with figures per fault and dialect.
 
     .venv/bin/python benchmarks/faults.py [--sessions 3] [--calls 4] [--fuzz 10000] [--only kill,upstream,disk,fuzz]
+        [--model tiny-qwen3]
 
 Every row runs sessions of streamed calls, in each dialect the proxy speaks (OpenAI Chat, Anthropic Messages, OpenAI
 Responses, Google generateContent), from a client that behaves as the CLIs do: it retries a call on a connection
@@ -11,6 +12,12 @@ named as a fake: a failure has to be provoked on demand). Faults:
 
 - `server_kill` / `gateway_kill`: the rollout server (or its gateway) is SIGKILLed with sessions in every pool and
   restarted on the same journal (work dir and node id); its agents are SIMULATED (timed processes, no model);
+- `gateway_kill_docker` / `gateway_kill_podman`: as `gateway_kill`, the sessions in containers of that engine
+  (`polar-base`, built once and cached); the row also counts the containers the killed gateway left behind
+  (the restarted gateway reaps them by their `polar.owner` label before it admits anything);
+- `vllm_kill`: a REAL vLLM server (`LocalVLLM`, `--model`) is SIGKILLed (its process group) while sessions of every
+  dialect are mid-stream, and restarted on the same port; calls fail over to the client's retries (the proxy answers
+  a retryable 5xx and records the failure); recovery is the fault to the next answer received;
 - `kill`: the proxy is SIGKILLed while a stream is in flight and restarted on the same port and store;
 - `upstream`: a relay in front of the upstream answers 5 % of calls 502, holds 5 % past the proxy's read timeout
   and resets 5 % of connections (seeded);
@@ -168,10 +175,13 @@ class Tally:
     hung: int = 0
     first_ok_after: dict[float, float] = field(default_factory=dict)  # fault time -> first answer after it
     statuses: Counter[str] = field(default_factory=Counter)
+    in_flight: int = 0  # calls sent whose answer has not ended yet
+    gave_up_prompts: list[str] = field(default_factory=list)
 
 
-def call_once(base: str, d: Dialect, key: str, prompt: str, timeout_s: float) -> tuple[str, int | None]:
-    """'ok' | 'retry' | 'fail', with the HTTP status when there was one."""
+def call_once(base: str, d: Dialect, key: str, prompt: str, timeout_s: float) -> tuple[str, int | str | None]:
+    """'ok' | 'retry' | 'fail', with the HTTP status when there was one ("timeout" when the answer stalled past
+    `timeout_s`: a hung call, counted apart)."""
     req = urllib.request.Request(
         base + d.path, data=json.dumps(d.body(prompt)).encode(), method="POST", headers=d.headers(key)
     )
@@ -182,22 +192,42 @@ def call_once(base: str, d: Dialect, key: str, prompt: str, timeout_s: float) ->
     except urllib.error.HTTPError as err:
         err.read()
         return ("retry" if err.code >= 500 or err.code == 429 else "fail"), err.code
+    except TimeoutError:
+        return "retry", "timeout"
+    except urllib.error.URLError as err:
+        return "retry", "timeout" if isinstance(err.reason, TimeoutError) else None
     except (OSError, http.client.HTTPException):  # refused, reset, cut mid-body
         return "retry", None
 
 
 def run_session(
-    base: str, d: Dialect, key: str, sid: str, calls: int, tally: Tally, faults: list[float], deadline_s: float
+    base: str,
+    d: Dialect,
+    key: str,
+    sid: str,
+    calls: int,
+    tally: Tally,
+    faults: list[float],
+    deadline_s: float,
+    *,
+    attempts: int = 10,
+    backoff_cap_s: float = 2.0,
 ) -> None:
+    """`calls` calls in turn, each retried up to `attempts` times with exponential backoff (0.2 s doubling, capped at
+    `backoff_cap_s`), as the CLIs do; a session still going after `deadline_s` counts as hung."""
     end = time.monotonic() + deadline_s
     tally.sessions += 1
     for i in range(calls):
         prompt = f"fault-{sid}-{i}"
-        for attempt in range(10):
+        for attempt in range(attempts):
             if time.monotonic() > end:
                 tally.hung += 1
                 return
-            outcome, status = call_once(base, d, key, prompt, timeout_s=30)
+            tally.in_flight += 1
+            try:
+                outcome, status = call_once(base, d, key, prompt, timeout_s=30)
+            finally:
+                tally.in_flight -= 1
             tally.statuses[str(status)] += 1
             if outcome == "ok":
                 tally.received.append(prompt)
@@ -207,24 +237,28 @@ def run_session(
                 break
             if outcome == "fail":
                 tally.gave_up += 1
+                tally.gave_up_prompts.append(prompt)
                 break
-            time.sleep(min(0.2 * 2**attempt, 2.0))
+            time.sleep(min(0.2 * 2**attempt, backoff_cap_s))
         else:
             tally.gave_up += 1
+            tally.gave_up_prompts.append(prompt)
 
 
 def score(base: str, sessions: dict[str, str], tally: Tally, faults: list[float]) -> dict[str, Any]:
     ok_by_prompt: Counter[str] = Counter()
+    failed_by_prompt: Counter[str] = Counter()
     failed = 0
     for sid in sessions:
         for r in stored_records(base, sid):
+            text = json.dumps(r.get("original_request"))
+            into = ok_by_prompt
             if r.get("error") is not None:
                 failed += 1
-                continue
-            text = json.dumps(r.get("original_request"))
+                into = failed_by_prompt
             for prompt in {p for p in tally.received} | {f"fault-{sid}-{i}" for i in range(256)}:
                 if f'"{prompt}"' in text:
-                    ok_by_prompt[prompt] += 1
+                    into[prompt] += 1
     lost = [p for p in tally.received if ok_by_prompt[p] == 0]
     dup = [p for p, n in ok_by_prompt.items() if n > 1]
     recover = [tally.first_ok_after[t] - t for t in faults if t in tally.first_ok_after]
@@ -237,6 +271,10 @@ def score(base: str, sessions: dict[str, str], tally: Tally, faults: list[float]
         "duplicates": len(dup),
         "hung": tally.hung,
         "gave_up": tally.gave_up,
+        # a call the client gave up on with no failure record of it: a failure nobody could find afterwards
+        "gave_up_unrecorded": sum(1 for p in tally.gave_up_prompts if failed_by_prompt[p] == 0),
+        "failed_attempts": sum(tally.statuses.values()) - len(tally.received),
+        "stalled_calls": tally.statuses.get("timeout", 0),
         "recover_s": max(recover) if recover else None,
     }
 
@@ -356,6 +394,86 @@ def row_upstream(d: Dialect, work: Path, n_sessions: int, calls: int) -> dict[st
         stop(fake)
 
 
+# -- fault: vLLM SIGKILL mid-session + restart on the same port (REAL vLLM) --------------------------------------------
+def row_vllm(
+    work: Path, n_sessions: int, calls: int, model: str
+) -> tuple[list[tuple[Dialect, dict[str, Any]]], dict[str, Any]]:
+    """Sessions of every dialect at once through one `polar proxy` on a REAL vLLM server (`LocalVLLM`); once answers
+    flow and calls are in flight, the server's process group (API server and engine core) is SIGKILLed and a new
+    server is started on the same port. Clients retry as the CLIs do (up to 30 attempts, backoff capped at 5 s: about
+    two minutes, Claude Code's own budget is larger); after they finish, one more call per dialect checks that the
+    proxy serves normally. Returns the per-dialect scores and the kill's own figures."""
+    from nemo_polar.backend import LocalVLLM
+    from nemo_polar.backend.server import group_alive
+
+    llm = LocalVLLM(model).start()  # BackendError (not prepared, no vllm venv) ends the row with its reason
+    vport = llm.port
+    assert vport is not None
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    sampling = json.dumps({"max_tokens": 24, "temperature": 1.0})
+    proxy = start_proxy(
+        port, llm.base_url, str(work / "vllm-kill"), "--served-model", llm.model, "--sampling", sampling
+    )
+    holder: dict[str, Any] = {"llm": llm}
+    tallies = {d.name: Tally() for d in DIALECTS}
+    faults: list[float] = []
+    kill: dict[str, Any] = {}
+    try:
+        sessions = {d.name: new_sessions(base, n_sessions, f"vllm-{d.name}") for d in DIALECTS}
+
+        def killer() -> None:
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:  # answers flowing (the server warm) and calls in flight
+                if sum(len(t.received) for t in tallies.values()) >= len(DIALECTS) and any(
+                    t.in_flight for t in tallies.values()
+                ):
+                    break
+                time.sleep(0.05)
+            kill["in_flight"] = sum(t.in_flight for t in tallies.values())
+            kill["received_before"] = sum(len(t.received) for t in tallies.values())
+            old = holder["llm"]
+            os.killpg(old.pid, signal.SIGKILL)
+            faults.append(time.time())
+            for _ in range(100):  # the whole group gone (bounded)
+                if not group_alive(old.pid):
+                    break
+                time.sleep(0.1)
+            old.stop("SIGKILLed by the fault campaign")  # reaps the leader
+            t0 = time.monotonic()
+            try:
+                holder["llm"] = LocalVLLM(model, port=vport).start()
+            except Exception as exc:  # the row then shows every call failing; the note says why
+                kill["restart_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            kill["restart_s"] = time.monotonic() - t0
+
+        def client(d: Dialect) -> None:
+            for sid, key in sessions[d.name].items():
+                run_session(base, d, key, sid, calls, tallies[d.name], faults, deadline_s=420, attempts=30,
+                            backoff_cap_s=5.0)  # fmt: skip
+
+        threads = [threading.Thread(target=client, args=(d,), daemon=True) for d in DIALECTS]
+        for t in threads:
+            t.start()
+        # the kill and restart on this thread: LocalVLLM's PR_SET_PDEATHSIG ties the server's life to the thread that
+        # started it, so a server started on a helper thread gets SIGTERM when that thread ends
+        killer()
+        for t in threads:
+            t.join(480)
+        kill["client_threads_alive"] = sum(t.is_alive() for t in threads)
+        after: dict[str, str] = {}
+        for d in DIALECTS:  # the proxy serves normally after the restart: a fresh session, one call
+            (sid, key), = new_sessions(base, 1, f"vllm-after-{d.name}").items()  # fmt: skip
+            outcome, status = call_once(base, d, key, f"fault-{sid}-0", timeout_s=60)
+            after[d.name] = f"{outcome}:{status}"
+        kill["after_restart"] = after
+        kill["proxy_alive"] = proxy.poll() is None
+        return [(d, score(base, sessions[d.name], tallies[d.name], faults)) for d in DIALECTS], kill
+    finally:
+        stop(proxy)
+        holder["llm"].stop()
+
+
 # -- fault: the store's disk full --------------------------------------------------------------------------------------
 def row_disk(d: Dialect, work: Path, n_sessions: int, calls: int) -> dict[str, Any] | str:
     if os.geteuid() != 0 or shutil.which("mount") is None:
@@ -420,7 +538,7 @@ def _killpg(p: subprocess.Popen[bytes] | None) -> None:
         p.wait(30)
 
 
-def _sim_task(task_id: str, n: int, run_s: float) -> Any:
+def _sim_task(task_id: str, n: int, run_s: float, runtime: dict[str, Any] | None = None) -> Any:
     from nemo_polar.rollout import TaskSpec
 
     return TaskSpec.model_validate(
@@ -428,21 +546,53 @@ def _sim_task(task_id: str, n: int, run_s: float) -> Any:
             "task_id": task_id,
             "instruction": "simulated",
             "num_samples": n,
-            "runtime": {"isolation": "none"},
+            "runtime": runtime or {"isolation": "none"},
             "agent": {"harness": "simulation", "options": {"run_s": run_s}},
             "builder": "per_request",
             "evaluator": "session_completed",
-            "timeout_s": 120,
+            "timeout_s": 300 if runtime else 120,
         }
     )
 
 
-def row_service(which: str, work: Path, n: int) -> dict[str, Any]:
+class _Containers:
+    """The container side of the gateway row: the engine started as the runtime starts it, `polar-base` (built
+    once, cached by content hash), and the containers a gateway owns (label `polar.owner`)."""
+
+    def __init__(self, kind: str, gw_work: Path):
+        from nemo_polar.runtime import engines
+        from nemo_polar.runtime.container import gateway_owner
+        from nemo_polar.runtime.images import ensure_base
+
+        self.started_docker = kind == "docker" and engines._pid_of(engines._docker_paths()["pid"]) is None
+        self.engine = engines.get_engine(kind)
+        self.image = ensure_base(self.engine).tag
+        self.owner = gateway_owner(gw_work)
+        self.runtime = {"kind": kind, "image": self.image, "source": "example:median"}
+
+    def owned(self) -> list[str]:
+        res = self.engine.run_sync("ps", "-a", "-q", "--no-trunc", "--filter", f"label=polar.owner={self.owner}")
+        if not res.ok:
+            raise RuntimeError(f"{self.engine.kind} ps failed: {res.stderr.strip()[-300:]}")
+        return res.stdout.split()
+
+    def close(self) -> None:
+        from nemo_polar.runtime.container import reap
+        from nemo_polar.runtime.engines import stop_docker
+
+        reap(self.owner, (self.engine.kind,))
+        if self.started_docker:
+            stop_docker()
+
+
+def row_service(which: str, work: Path, n: int, engine: str | None = None) -> dict[str, Any]:
     """Kill the rollout server (`which="server"`) or the gateway (`"gateway"`) with sessions in every pool, restart
-    it on the same journal / work dir and node id, and collect the task."""
+    it on the same journal / work dir and node id, and collect the task. `engine` (`docker` | `podman`, gateway
+    only): the sessions run in containers of that engine; the row also counts the containers the killed gateway
+    left (those alive at the kill must be gone once the new gateway started, none of its own left at the end)."""
     from nemo_polar.rollout import PolarClient
 
-    wd = work / f"svc-{which}"
+    wd = work / f"svc-{which}{'-' + engine if engine else ''}"
     wd.mkdir()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
@@ -451,12 +601,14 @@ def row_service(which: str, work: Path, n: int) -> dict[str, Any]:
     gw_args = ["serve-gateway", "--node-id", "node-0", "--server", url, "--work-dir", str(wd / "gw")]
     gw_args += ["--run-slots", "2", "--init-workers", "2", "--ready-buffer", "2", "--postrun-workers", "2"]
     procs: dict[str, subprocess.Popen[bytes] | None] = {"server": None, "gateway": None}
+    ctr = _Containers(engine, wd / "gw") if engine else None
+    extra: dict[str, Any] = {}
 
     async def main() -> dict[str, Any]:
         procs["server"] = _spawn_cli(server_args, wd / "server.log")
         await asyncio.to_thread(_wait_http, url + "/health")
         procs["gateway"] = _spawn_cli(gw_args, wd / "gateway.log")
-        task = _sim_task(f"kill-{which}", n, 1.5)
+        task = _sim_task(f"kill-{which}{'-' + engine if engine else ''}", n, 1.5, ctr.runtime if ctr else None)
         got: list[Any] = []
         fault_t = 0.0
         first_after: float | None = None
@@ -467,18 +619,30 @@ def row_service(which: str, work: Path, n: int) -> dict[str, Any]:
                 break
             _killpg(procs[which])
             fault_t = time.time()
+            at_kill = await asyncio.to_thread(ctr.owned) if ctr else []
             await asyncio.sleep(0.5)
             procs[which] = _spawn_cli(server_args if which == "server" else gw_args, wd / f"{which}.log")
             try:
-                async with asyncio.timeout(240):
+                async with asyncio.timeout(420 if ctr else 240):
                     async for r in client.results(task.task_id, after=len(got)):
                         got.append(r)
                         first_after = first_after or time.time()
                 hung = 0
             except TimeoutError:
                 hung = n - len({r.sample_index for r in got})
+        if ctr:
+            left: list[str] = []
+            for _ in range(60):  # the last sessions' containers are removed as their POSTRUN ends (bounded wait)
+                left = await asyncio.to_thread(ctr.owned)
+                if not left:
+                    break
+                await asyncio.sleep(0.5)
+            extra["containers_at_kill"] = len(at_kill)
+            extra["killed_gateways_containers_left"] = len(set(at_kill) & set(left))
+            extra["containers_left_at_end"] = len(left)
         per_sample = Counter(r.sample_index for r in got)
         return {
+            **extra,
             "sessions": n,
             "received": len(got),
             "stored": len(per_sample),
@@ -496,6 +660,8 @@ def row_service(which: str, work: Path, n: int) -> dict[str, Any]:
     finally:
         _killpg(procs["gateway"])
         _killpg(procs["server"])
+        if ctr:
+            ctr.close()
 
 
 # -- the fuzzer -------------------------------------------------------------------------------------------------------
@@ -595,7 +761,11 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=4, help="calls per session")
     ap.add_argument("--fuzz", type=int, default=10_000, help="fuzzer requests per dialect")
     ap.add_argument("--samples", type=int, default=8, help="samples of the server / gateway kill tasks")
-    ap.add_argument("--only", default="server_kill,gateway_kill,kill,upstream,disk,fuzz")
+    ap.add_argument(
+        "--only",
+        default="server_kill,gateway_kill,gateway_kill_docker,gateway_kill_podman,vllm_kill,kill,upstream,disk,fuzz",
+    )
+    ap.add_argument("--model", default="tiny-qwen3", help="the prepared model of the vllm_kill row")
     ap.add_argument("--dialects", default=",".join(d.name for d in DIALECTS))
     args = ap.parse_args()
     only = set(args.only.split(","))
@@ -612,6 +782,38 @@ def main() -> int:
                 rows.append([f"{which} SIGKILL", "– (simulated agents)", r["sessions"], r["received"], r["stored"],
                              r["lost"], r["duplicates"], r["hung"], r["recover_s"]])  # fmt: skip
                 notes.append(f"{which}_kill: results not COMPLETED {json.dumps(dict(r['failed_results']))}")
+        for kind in ("docker", "podman"):
+            if f"gateway_kill_{kind}" in only:
+                try:
+                    r = row_service("gateway", work, args.samples, engine=kind)
+                except Exception as exc:  # an engine that cannot run here: the row says why
+                    rows.append(
+                        [f"gateway SIGKILL ({kind})", f"not run: {type(exc).__name__}: {exc}"[:200]] + [""] * 7
+                    )
+                    continue
+                print(f"gateway_kill_{kind}: {json.dumps(r, default=str)}", flush=True)
+                where = (f"– (simulated agents in {kind} containers: {r['containers_at_kill']} alive at the kill, "
+                         f"{r['killed_gateways_containers_left']} of them left after the restart, "
+                         f"{r['containers_left_at_end']} left at the end)")  # fmt: skip
+                rows.append([f"gateway SIGKILL ({kind})", where, r["sessions"], r["received"], r["stored"], r["lost"],
+                             r["duplicates"], r["hung"], r["recover_s"]])  # fmt: skip
+                notes.append(f"gateway_kill_{kind}: results not COMPLETED {json.dumps(dict(r['failed_results']))}")
+        if "vllm_kill" in only:
+            from nemo_polar.backend.server import BackendError
+
+            try:
+                per_dialect, kill = row_vllm(work, args.sessions, args.calls, args.model)
+            except BackendError as exc:
+                rows.append([f"vLLM SIGKILL ({args.model})", f"not run: {exc}"[:200]] + [""] * 7)
+            else:
+                print(f"vllm_kill: {json.dumps(kill)}", flush=True)
+                for d, r in per_dialect:
+                    print(f"vllm_kill {d.name}: {json.dumps(r)}", flush=True)
+                    rows.append([f"vLLM SIGKILL ({args.model})", d.name, r["sessions"], r["received"], r["stored"],
+                                 r["lost"], r["duplicates"], r["hung"], r["recover_s"]])  # fmt: skip
+                    notes.append(f"vllm_kill/{d.name}: " + json.dumps({k: r[k] for k in (
+                        "gave_up", "gave_up_unrecorded", "failed_attempts", "failed_records", "stalled_calls")}))  # fmt: skip
+                notes.append(f"vllm_kill: {json.dumps(kill)}")
         for fault, fn in (("kill", row_kill), ("upstream", row_upstream), ("disk", row_disk)):
             if fault not in only:
                 continue
@@ -629,7 +831,8 @@ def main() -> int:
                 print(f"{fault} {d.name}: {json.dumps(r)}", flush=True)
         if rows:
             table(
-                "Fault campaign: sessions through the real rollout service and proxy (FAKE upstream) under injected faults",
+                "Fault campaign: sessions through the real rollout service and proxy (FAKE upstream; the vLLM rows on real "
+                "vLLM) under injected faults",
                 ["fault", "dialect", "sessions", "received", "stored ok", "lost", "duplicates", "hung", "recover s"],
                 rows,
                 note="proxy rows: received = calls whose whole answer (terminal part included) reached the client, "
