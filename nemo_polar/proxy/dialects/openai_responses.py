@@ -365,24 +365,11 @@ class StreamRenderer:
             return frames
         if kind == "reasoning":
             self._seen.reasoning += text
-            delta = self._ev(
-                "response.reasoning_summary_text.delta",
-                item_id=item["id"],
-                output_index=idx,
-                summary_index=0,
-                delta=text,
-            )
+            event, fields = "response.reasoning_summary_text.delta", {"summary_index": 0, "delta": text}
         else:
             self._seen.text += text
-            delta = self._ev(
-                "response.output_text.delta",
-                item_id=item["id"],
-                output_index=idx,
-                content_index=0,
-                delta=text,
-                logprobs=[],
-            )
-        frames.append(delta)
+            event, fields = "response.output_text.delta", {"content_index": 0, "delta": text, "logprobs": []}
+        frames.append(self._ev(event, item_id=item["id"], output_index=idx, **fields))
         return frames
 
     def _is_custom(self, name: str) -> bool:
