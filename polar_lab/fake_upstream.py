@@ -44,6 +44,9 @@ class FakeBehaviour:
     # ids (a request mix of 1k/8k-token prompts and 64-512-token answers); a stream then carries one chunk per token,
     # all written at once (an infinitely fast model)
     sized: bool = False
+    # sized streams: tokens per chunk, as vLLM's `--stream-interval` (or a request's `stream_interval`, the larger
+    # wins): the first token alone, then every N tokens, the rest with the finish reason
+    stream_interval: int = 1
     # a broken engine's answer: "null_logprob" (the last sampled token's logprob is null, as a server that cannot
     # encode NaN may spell it) or "negative_id" (its token id is -1)
     corrupt: str | None = None
@@ -316,9 +319,11 @@ class FakeUpstream:
         return resp
 
     async def _sized_stream(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
-        """One chunk per token, as vLLM streams, pre-rendered per size and written at once."""
+        """One chunk per token (or per `stream_interval` tokens), as vLLM streams, pre-rendered per size and written at
+        once."""
         as_ids, with_ids = bool(body.get("return_tokens_as_token_ids")), bool(body.get("return_token_ids"))
-        key = ("stream", body.get("model"), self._sizes(body), as_ids, with_ids)
+        every = max(self.behaviour.stream_interval, int(body.get("stream_interval") or 1))
+        key = ("stream", body.get("model"), self._sizes(body), as_ids, with_ids, every)
         data = self._cache.get(key)
         if data is None:
             prompt, gen, lps = self._ids(body)
@@ -328,16 +333,22 @@ class FakeUpstream:
             if with_ids:
                 first["prompt_token_ids"] = prompt
             frames = [b"data: " + orjson.dumps(first) + b"\n\n"]
-            for k, (t, lp) in enumerate(zip(gen, lps, strict=True)):
-                tok = f"token_id:{t}" if as_ids else f"w{k}"
+            starts = [0, *range(1, len(gen), every)] if gen else []
+            for a, b in zip(starts, [*starts[1:], len(gen)], strict=True):
+                toks = [f"token_id:{t}" if as_ids else f"w{k}" for k, t in enumerate(gen[a:b], a)]
                 ch: dict[str, Any] = {
                     "index": 0,
-                    "delta": {"content": f"w{k} "},
-                    "logprobs": {"content": [{"token": tok, "logprob": lp, "top_logprobs": []}]},
-                    "finish_reason": "length" if k == len(gen) - 1 else None,
+                    "delta": {"content": "".join(f"w{k} " for k in range(a, b))},
+                    "logprobs": {
+                        "content": [
+                            {"token": t, "logprob": lp, "top_logprobs": []}
+                            for t, lp in zip(toks, lps[a:b], strict=True)
+                        ]
+                    },
+                    "finish_reason": "length" if b == len(gen) else None,
                 }
                 if with_ids:
-                    ch["token_ids"] = [t]
+                    ch["token_ids"] = gen[a:b]
                 frames.append(b"data: " + orjson.dumps({**base, "choices": [ch]}) + b"\n\n")
             usage = {
                 "prompt_tokens": len(prompt),
@@ -362,6 +373,7 @@ def main() -> None:
     ap.add_argument("--n-gen", type=int, default=64)
     ap.add_argument("--chunk-delay-s", type=float, default=0.0)
     ap.add_argument("--sized", action="store_true", help="prompt ids and answer length follow each request")
+    ap.add_argument("--stream-interval", type=int, default=1, help="sized streams: tokens per chunk (as vLLM's)")
     args = ap.parse_args()
     behaviour = FakeBehaviour(
         n_prompt=args.n_prompt,
@@ -369,6 +381,7 @@ def main() -> None:
         keep_requests=False,
         chunk_delay_s=args.chunk_delay_s,
         sized=args.sized,
+        stream_interval=args.stream_interval,
     )
     fake = FakeUpstream(flavor=args.flavor, port=args.port, behaviour=behaviour)
     web.run_app(fake.app(), host="127.0.0.1", port=args.port, access_log=None, print=None)

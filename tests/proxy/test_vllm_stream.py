@@ -188,8 +188,10 @@ def test_unusual_shapes_go_through_orjson_and_fail_the_same_way() -> None:
         _in_reads(err, [])
 
 
-def test_the_fake_upstreams_sized_stream_is_read_on_the_fast_path() -> None:
-    """The benchmarks' FAKE upstream writes vLLM's chunk shape: every token chunk must take the fast path."""
+@pytest.mark.parametrize(("interval", "chunks"), [(1, 64), (8, 9)])
+def test_the_fake_upstreams_sized_stream_is_read_on_the_fast_path(interval: int, chunks: int) -> None:
+    """The benchmarks' FAKE upstream writes vLLM's chunk shape: every token chunk takes the fast path, also with a
+    stream interval (the first token alone, then 8 a chunk, as vLLM 0.32 sends them)."""
     import asyncio
 
     import aiohttp
@@ -199,7 +201,7 @@ def test_the_fake_upstreams_sized_stream_is_read_on_the_fast_path() -> None:
     async def fetch() -> bytes:
         fake = await FakeUpstream(behaviour=FakeBehaviour(sized=True)).start()
         body = {"model": "m", "messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 64, "stream": True}
-        body.update({"return_token_ids": True, "logprobs": True, "top_logprobs": 0})
+        body.update({"return_token_ids": True, "logprobs": True, "top_logprobs": 0, "stream_interval": interval})
         try:
             async with aiohttp.ClientSession() as http:
                 async with http.post(fake.base_url + "/v1/chat/completions", json=body) as r:
@@ -208,7 +210,7 @@ def test_the_fake_upstreams_sized_stream_is_read_on_the_fast_path() -> None:
             await fake.stop()
 
     acc = _assert_same(asyncio.run(fetch()))
-    assert acc.fast_chunks == 64 and len(acc.ids) == len(acc.logprobs) == 64
+    assert acc.fast_chunks == chunks and len(acc.ids) == len(acc.logprobs) == 64
 
 
 def test_a_stream_captured_from_vllm_0_32_is_read_on_the_fast_path() -> None:
