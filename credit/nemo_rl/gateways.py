@@ -10,9 +10,14 @@ update `POST /admin/policy_version` with `{"policy_version": N}` (records made f
 refit, before step 1, stamps 1). A failed resume is retried and then raised: a gateway left paused would stall
 every rollout.
 
+The targets are the proxies listed under `polar.gateways` in the recipe (standalone gateways, `polar launch
+--ray`) plus whatever `discover()` returns at each refit: in a Gym launch, the `polar_swe` servers hosting a Polar
+stack (`hosted.HostedStacks`; their `/polar/admin/*` routes mirror the proxy's, so a target is `http://HOST:PORT/
+polar`). The targets found at the pause are the ones stamped and resumed.
+
 Does: a small synchronous admin client (the trainer's driver is synchronous; every request has a timeout) and
-the wrapper of `refit_policy_generation`. Does not: discover gateways (they are listed under `polar.gateways`
-in the recipe) or import `nemo_rl` at module level.
+the wrapper of `refit_policy_generation`. Does not: find the hosted stacks itself (`hosted.py`) or import
+`nemo_rl` at module level.
 """
 
 from __future__ import annotations
@@ -48,14 +53,30 @@ class GatewayAdminError(PolarError, RuntimeError):
 
 
 class GatewayAdmin:
-    """Admin calls to a set of Polar gateway proxies (`base_urls`, loopback in tests)."""
+    """Admin calls to a set of Polar gateway proxies (`base_urls`, loopback in tests) and to those `discover()`
+    returns when a pause begins (the hosted stacks of a Gym launch)."""
 
-    def __init__(self, base_urls: Sequence[str], *, timeout_s: float = 30.0, attempts: int = 3) -> None:
-        self.base_urls = [u.rstrip("/") for u in base_urls]
+    def __init__(
+        self,
+        base_urls: Sequence[str],
+        *,
+        timeout_s: float = 30.0,
+        attempts: int = 3,
+        discover: Callable[[], Sequence[str]] | None = None,
+    ) -> None:
+        self.static_urls = [u.rstrip("/") for u in base_urls]
+        self.base_urls = list(self.static_urls)
+        self.discover = discover
         self.timeout_s = timeout_s
         self.attempts = attempts
         self.policy_version = 0
         self._token = os.environ.get(CONTROL_TOKEN_ENV)
+
+    def refresh(self) -> list[str]:
+        """The targets from now until the next pause: the static ones, then the discovered ones."""
+        found = [u.rstrip("/") for u in self.discover()] if self.discover is not None else []
+        self.base_urls = [*self.static_urls, *(u for u in found if u not in self.static_urls)]
+        return self.base_urls
 
     def _post(self, base: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
         url = f"{base}{path}"
@@ -100,6 +121,7 @@ class GatewayAdmin:
         return replies
 
     def pause(self) -> None:
+        self.refresh()
         for base, reply in zip(self.base_urls, self._all("/admin/pause", {"timeout_s": self.timeout_s}), strict=True):
             if reply.get("drained") is False:
                 log.warning("Polar gateway %s paused with %s call(s) still in flight", base, reply.get("in_flight"))

@@ -11,7 +11,9 @@ installed `nemo_rl` package) unmodified, after preparing the process:
 3. `install()`s the CALL-CREDIT estimator into NeMo RL's factory, builds the estimator once from the recipe,
    prints the class actually chosen and stops (exit 3) if it is not the one the recipe asks for — the guard
    against plain GRPO running silently;
-4. when `polar.gateways` lists Polar gateways: wraps the refit with pause / policy_version / resume;
+4. wraps the refit with pause / policy_version / resume on the Polar stacks: those `polar.gateways` lists, and
+   in a Gym launch (`env.should_use_nemo_gym`) every `polar_swe` server NeMo Gym hosts, found at each refit
+   through the head server of the `NemoGym` actor NeMo RL spins up (`hosted.py`);
    when `polar.polar_calls_patch` is true: copies `polar_calls` into the batch (driver, and the async
    collector through a Ray worker setup hook);
 5. without `--dry-run`: `runpy` the entry script with `--config RECIPE overrides...`.
@@ -164,6 +166,31 @@ def build_estimator(grpo: ModuleType, config: dict[str, Any]) -> tuple[Any, str]
     return estimator, chosen
 
 
+def _uses_gym(config: dict[str, Any]) -> bool:
+    return bool((config.get("env") or {}).get("should_use_nemo_gym"))
+
+
+def install_refit_hooks(
+    grpo: ModuleType, gateways: list[str], timeout_s: float, *, gym: bool
+) -> Any:  # HostedStacks | None
+    """Wrap the refit of `grpo` with pause / policy_version / resume on `gateways` and, when `gym`, on the hosted
+    `polar_swe` stacks of every `NemoGym` actor `grpo.spinup_nemo_gym_actor` spins up. Returns the `HostedStacks`
+    (None without `gym`)."""
+    if not gateways and not gym:
+        return None
+    from .gateways import GatewayAdmin, wrap_refit
+
+    hosted = None
+    if gym:
+        from .hosted import HostedStacks, capture_gym_actors
+
+        hosted = HostedStacks(timeout_s=timeout_s)
+        if capture_gym_actors(grpo, hosted) is None:
+            raise LaunchError(f"{grpo.__name__} has no spinup_nemo_gym_actor: the hosted Polar stacks cannot be found")
+    wrap_refit(grpo, GatewayAdmin(gateways, timeout_s=timeout_s, discover=hosted))
+    return hosted
+
+
 def _inject_ray_setup_hook() -> None:
     import ray
 
@@ -217,11 +244,14 @@ def run(argv: list[str]) -> int:
         print(f"advantage estimator class: {chosen}")
 
         polar = checked.polar
+        hosted = install_refit_hooks(grpo, polar.gateways, polar.admin_timeout_s, gym=_uses_gym(config))
         if polar.gateways:
-            from .gateways import GatewayAdmin, wrap_refit
-
-            wrap_refit(grpo, GatewayAdmin(polar.gateways, timeout_s=polar.admin_timeout_s))
             print(f"refit: pause/policy_version/resume on {len(polar.gateways)} Polar gateway(s)")
+        if hosted is not None:
+            print(
+                "refit: pause/policy_version/resume on the polar_swe server(s) NeMo Gym hosts "
+                "(found through the NemoGym actor's head server)"
+            )
         if polar.polar_calls_patch:
             from .patches import PATCH_ENV, install_polar_calls_patch
 

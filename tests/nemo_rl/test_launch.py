@@ -71,9 +71,10 @@ def _restore_nemo_rl() -> Iterator[None]:
     from nemo_polar.credit.nemo_rl.sync_metrics import uninstall_sync_metrics
 
     factory, refit = grpo._create_advantage_estimator, grpo.refit_policy_generation
-    post = rollouts._postprocess_single_nemo_gym_group
+    post, spinup = rollouts._postprocess_single_nemo_gym_group, grpo.spinup_nemo_gym_actor
     yield
     grpo._create_advantage_estimator, grpo.refit_policy_generation = factory, refit
+    grpo.spinup_nemo_gym_actor = spinup
     rollouts._postprocess_single_nemo_gym_group = post
     uninstall_sync_metrics(grpo)
     REFITS.clear()
@@ -251,6 +252,8 @@ def test_launch_runs_entry_script_with_refit_hooks_and_patch(
     out = capsys.readouterr().out
     assert rc == 0
     assert "refit: pause/policy_version/resume on 1 Polar gateway(s)" in out and "polar_calls patch: on" in out
+    assert "on the polar_swe server(s) NeMo Gym hosts" in out  # a Gym recipe: the hosted stacks are found too
+    assert getattr(grpo.spinup_nemo_gym_actor, "__polar_gym_actor_capture__", False)
     assert "standin step 1: CallCreditAdvantageEstimator advantage sum" in out
     assert len(REFITS) == 2  # NeMo RL's refit_policy_generation reached the generation's weight synchronizer
     assert _FakePolarGateway.calls == [

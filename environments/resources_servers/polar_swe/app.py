@@ -6,13 +6,18 @@ returns where the agent submits its task), `POST /verify` (the agent's diff appl
 repo, exactly the FAIL_TO_PASS / PASS_TO_PASS tests run; reward = resolved; infrastructure failures set
 `mask_sample` and a `failure_kind`), `POST /close_session`, `POST /aggregate_metrics`, `GET /reverify_mode`.
 Polar endpoints: `GET /polar/status`, `GET /polar/sessions/{session_id}` (the session's diff and its proxy
-records, for the agent's conversion). The stack itself is `polar_stack.py`; `VERIFIER_FIXTURE` exercises `verify`
+records, for the agent's conversion), and the trainer's refit hooks: `POST /polar/admin/pause` (`{"timeout_s": T}`),
+`POST /polar/admin/policy_version` (`{"policy_version": N}`), `POST /polar/admin/resume`, `GET /polar/admin/status`
+— the hosted proxies' admin API (they bind loopback) for every proxy of this process, guarded by
+`POLAR_CONTROL_TOKEN` (`Authorization: Bearer`) when that is set; the launcher finds this server through Gym's head
+server (`nemo_polar.credit.nemo_rl.hosted`). The stack itself is `polar_stack.py`; `VERIFIER_FIXTURE` exercises `verify`
 without a server (`tests/verifier_cases.jsonl`). This module does not run agents.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import sys
 import tempfile
 import time
@@ -22,7 +27,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Request
 from nemo_gym.base_resources_server import (
     BaseResourcesServerConfig,
     BaseSeedSessionRequest,
@@ -32,7 +37,7 @@ from nemo_gym.base_resources_server import (
     SimpleResourcesServer,
 )
 from nemo_gym.verifier_fixture import VerifierFixture
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, StrictInt, StrictStr
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # siblings, however Gym or a test imports this file
 from gym_compat import (
@@ -109,6 +114,35 @@ class PolarSweVerifyResponse(BaseVerifyResponse):
     pass_to_pass_rate: float = 0.0
     test_outcomes: dict[str, str] = Field(default_factory=dict, description="node id -> PASSED / FAILED / ...")
     empty_patch: bool = False
+
+
+class PolarAdminPauseRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    timeout_s: float = Field(default=60.0, ge=0, description="wait this long for the calls in flight")
+
+
+class PolarAdminPolicyVersionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    policy_version: StrictInt | StrictStr | None
+
+
+CONTROL_TOKEN_ENV = "POLAR_CONTROL_TOKEN"
+
+
+def check_control(request: Request) -> None:
+    """401 unless the request carries this process's `POLAR_CONTROL_TOKEN` (no token set: the admin routes are as
+    open as Gym's own endpoints)."""
+    want = os.environ.get(CONTROL_TOKEN_ENV)
+    if not want:
+        return
+    tok = request.headers.get("x-polar-control-token")
+    if tok is None:
+        auth = request.headers.get("Authorization", "")
+        tok = auth[7:].strip() if auth[:7].lower() == "bearer " else None
+    if tok is None or not secrets.compare_digest(tok, want):
+        raise HTTPException(401, "bad or missing control token")
 
 
 def _default_work_dir(name: str) -> str:
@@ -200,6 +234,10 @@ class PolarSweResourcesServer(PolarSweVerifier, SimpleResourcesServer):
         app = super().setup_webserver()
         app.get("/polar/status")(self.polar_status)
         app.get("/polar/sessions/{session_id}")(self.polar_session)
+        app.post("/polar/admin/pause")(self.polar_pause)
+        app.post("/polar/admin/resume")(self.polar_resume)
+        app.post("/polar/admin/policy_version")(self.polar_policy_version)
+        app.get("/polar/admin/status")(self.polar_admin_status)
         inner = app.router.lifespan_context
 
         @asynccontextmanager
@@ -236,6 +274,22 @@ class PolarSweResourcesServer(PolarSweVerifier, SimpleResourcesServer):
         return ResourcesCloseSessionResponse(resources_session_id=body.resources_session_id)
 
     async def polar_status(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), **self.stack.status()}
+
+    async def polar_pause(self, request: Request, body: PolarAdminPauseRequest) -> dict[str, Any]:
+        check_control(request)
+        return await self.stack.pause(body.timeout_s)
+
+    async def polar_resume(self, request: Request) -> dict[str, Any]:
+        check_control(request)
+        return self.stack.resume()
+
+    async def polar_policy_version(self, request: Request, body: PolarAdminPolicyVersionRequest) -> dict[str, Any]:
+        check_control(request)
+        return self.stack.set_policy_version(body.policy_version)
+
+    async def polar_admin_status(self, request: Request) -> dict[str, Any]:
+        check_control(request)
         return {"pid": os.getpid(), **self.stack.status()}
 
     async def polar_session(self, session_id: str) -> dict[str, Any]:

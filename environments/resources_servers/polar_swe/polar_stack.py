@@ -7,6 +7,11 @@ registers with — all in this process's event loop, each on its own 127.0.0.1 p
 The upstream (vLLM's OpenAI endpoint) comes from the server config (`upstream_urls`) or, when that is empty, from
 the first `seed_session` (the agent resolves it from Gym's model server config). A later seed naming another
 upstream is refused: one process, one policy. This module knows nothing of Gym's request models.
+
+Around a trainer's weight update the process's proxies are paused, stamped with the new policy version and resumed
+together (`pause` / `set_policy_version` / `resume`: what `POST /polar/admin/*` calls, docs/nemo.md). The state is
+kept here, so a pause or a version that arrives before the stack has started (NeMo RL refits once before its first
+rollout, the stack starts on the first seed) applies to the proxies as they start.
 """
 
 from __future__ import annotations
@@ -61,6 +66,8 @@ class PolarStack:
         self.config = config
         self.stack: Stack | None = None
         self._lock = asyncio.Lock()
+        self.paused = False
+        self.policy_version: int | str | None = None
 
     @property
     def started(self) -> bool:
@@ -100,7 +107,41 @@ class PolarStack:
             if model and not self.config.served_model:
                 update["served_model"] = model
             self.config = StackConfig(**{**self.config.model_dump(), **update})
-            self.stack = await start_stack(self.config)
+            stack = await start_stack(self.config)
+            for hosted in stack.proxies:  # what the trainer asked for before the stack existed
+                if self.policy_version is not None:
+                    hosted.proxy.set_policy_version(self.policy_version)
+                if self.paused:
+                    hosted.proxy.admission.admitting.clear()
+            self.stack = stack
+
+    def _proxies(self) -> list[Any]:
+        return [hosted.proxy for hosted in self.stack.proxies] if self.stack is not None else []
+
+    async def pause(self, timeout_s: float) -> dict[str, Any]:
+        """Stop admitting model calls on every proxy; wait up to `timeout_s` for the calls in flight to finish."""
+        self.paused = True
+        proxies = self._proxies()
+        drained = await asyncio.gather(*(p.admission.pause(timeout_s) for p in proxies))
+        return {
+            "paused": True,
+            "drained": all(drained),
+            "in_flight": sum(p.admission.in_flight for p in proxies),
+            "proxies": len(proxies),
+        }
+
+    def resume(self) -> dict[str, Any]:
+        self.paused = False
+        for p in self._proxies():
+            p.admission.admitting.set()
+        return {"paused": False, "policy_version": self.policy_version, "proxies": len(self._proxies())}
+
+    def set_policy_version(self, version: int | str | None) -> dict[str, Any]:
+        """Records made from now on (by every proxy of this process, started or not yet) carry `version`."""
+        self.policy_version = version
+        for p in self._proxies():
+            p.set_policy_version(version)
+        return {"policy_version": version, "proxies": len(self._proxies())}
 
     async def stop(self) -> None:
         """Gateway(s) (cancel sessions, tear runtimes down) → proxies → rollout server."""
@@ -129,4 +170,6 @@ class PolarStack:
             "upstreams": self.upstreams,
             "served_model": self.config.served_model,
             "work_dir": self.config.work_dir,
+            "paused": self.paused,
+            "policy_version": self.policy_version,
         }

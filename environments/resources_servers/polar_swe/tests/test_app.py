@@ -39,6 +39,7 @@ def test_server_builds_its_app(tmp_path: Path) -> None:
     server = PolarSweResourcesServer(config=config, server_client=MagicMock(spec=ServerClient))
     paths = {getattr(r, "path", None) for r in server.setup_webserver().routes}
     assert {"/seed_session", "/verify", "/close_session", "/polar/status", "/polar/sessions/{session_id}"} <= paths
+    assert {"/polar/admin/pause", "/polar/admin/resume", "/polar/admin/policy_version", "/polar/admin/status"} <= paths
     assert server.runtimes_dir() == tmp_path / "verify"
     assert not server.stack.started  # no upstream configured: the stack waits for the agent's first seed
 
