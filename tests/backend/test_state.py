@@ -113,6 +113,7 @@ def test_server_command_and_env() -> None:
     assert "--tool-call-parser hermes" in joined
     assert f"--kv-cache-memory-bytes {config.MODELS['tiny-qwen3'].kv_cache_bytes}" in joined
     assert "--chat-template" not in qwen  # Qwen3's own template, from tokenizer_config.json
+    assert f"--stream-interval {server.STREAM_INTERVAL}" in joined  # fewer, larger stream chunks for the proxy
 
     smol = server.server_command("smollm2", 18124, ["--seed", "7"])
     template = Path(smol[smol.index("--chat-template") + 1])
