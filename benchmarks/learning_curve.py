@@ -34,7 +34,7 @@ import _path  # noqa: F401  (the repository root on sys.path)
 from polar_lab import learning_curve as lc
 
 HERE = Path(__file__).resolve().parent
-DEFAULT_ARMS = ("broadcast", "call_credit", "call_credit_per_request")
+DEFAULT_ARMS = ("broadcast", "call_credit")
 COLORS = {
     "broadcast": "#d62728",
     "call_credit": "#1f77b4",
@@ -71,6 +71,16 @@ def summarize(report: dict[str, Any], threshold: float) -> dict[str, Any]:
             "wall_s_per_step": _mean([x["wall_s"] for r in runs for x in r]),
             "reload_s_per_step": _mean([x["times_s"]["reload"] for r in runs for x in r]),
         }
+        shadows = [x["per_request_shadow"] for r in runs for x in r if x.get("per_request_shadow")]
+        if shadows:
+            out[arm]["per_request_shadow"] = {
+                "weights_rel_diff_max": max(x["weights_rel_diff"] for x in shadows),
+                "weights_rel_diff_last": _mean([r[-1]["per_request_shadow"]["weights_rel_diff"] for r in runs]),
+                "tokens_forward_per_step": _mean([x["tokens_forward"] for x in shadows]),
+                "tokens_trained_per_step": _mean([x["tokens_trained"] for x in shadows]),
+                "rows_per_step": _mean([x["rows"] for x in shadows]),
+                "loss_abs_diff_max": max(abs(x["loss"] - x["loss_prefix_merging"]) for x in shadows),
+            }
     return out
 
 
@@ -109,6 +119,17 @@ def verdicts(summary: dict[str, Any]) -> list[str]:
             f"CALL-CREDIT vs broadcast, trajectories to threshold: {word}"
         )  # fmt: skip
     p = summary.get("call_credit_per_request")
+    sh = (c or {}).get("per_request_shadow")
+    if c and sh and not p:
+        out.append(
+            "per_request + CALL-CREDIT as a twin learner on the prefix_merging policy's own batches (not independent "
+            f"rollouts): weights differ by at most {sh['weights_rel_diff_max']:.2e} (relative L2) over every step "
+            f"and seed (loss |Δ| ≤ {sh['loss_abs_diff_max']:.1e}): the same updates, so prefix_merging + CALL-CREDIT "
+            f"keeps {'≥ 95 %' if sh['weights_rel_diff_max'] < 1e-2 else 'an UNKNOWN share'} of its final reward "
+            f"({c['final_reward'][0]:.2f} ± {c['final_reward'][1]:.2f}) at "
+            f"{c['tokens_forward_per_step'] / sh['tokens_forward_per_step']:.2f}× its tokens run forward per step "
+            f"({c['tokens_forward_per_step']:.0f} vs {sh['tokens_forward_per_step']:.0f})"
+        )
     if c and p:
         (cm, ch), (pm, ph) = c["final_reward"], p["final_reward"]
         if pm > 0:
@@ -204,8 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help=f"of {', '.join(lc.ARMS)}")
-    ap.add_argument("--group", type=int, default=6, help="sessions per GRPO group (one prompt per step)")
-    ap.add_argument("--lr", type=float, default=1e-2)
+    ap.add_argument("--group", type=int, default=5, help="sessions per GRPO group (one prompt per step)")
+    ap.add_argument("--lr", type=float, default=2e-2)
+    ap.add_argument(
+        "--shadow-per-request", default="call_credit", help="arms whose policies also train a per_request twin"
+    )
     ap.add_argument("--threshold", type=float, default=0.6)
     ap.add_argument("--summarize", type=Path, default=None, help="only summarize this report (e.g. partial.json)")
     ap.add_argument("--max-minutes", type=float, default=30.0, help="start no step round after this (0: none)")
@@ -239,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         report = lc.run(
             work, arms=arms, seeds=seeds, steps=args.steps, group=args.group, lr=args.lr,
             max_minutes=args.max_minutes or None, partial=work / "partial.json",
+            shadow_per_request=[a for a in args.shadow_per_request.split(",") if a],
         )  # fmt: skip
     report["threshold"] = args.threshold
     summary = summarize(report, args.threshold)

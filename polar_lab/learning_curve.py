@@ -211,6 +211,7 @@ class Policy:
     worker: Any
     estimator: Any
     weights: Path
+    shadow: Any = None  # a per_request learner on this policy's own batches (see `_one_step`)
     steps: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -269,17 +270,20 @@ def run(
     arms: Sequence[str],
     seeds: Sequence[int],
     steps: int,
-    group: int = 6,
-    lr: float = 1e-2,
+    group: int = 5,
+    lr: float = 2e-2,
     max_minutes: float | None = None,
     partial: Path | None = None,
+    shadow_per_request: Sequence[str] = (),
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """`steps` GRPO steps for every (arm, seed), interleaved step by step on one vLLM and one Gym spin-up.
 
     With `max_minutes`, a step round (every policy one step) starts only if the previous round's wall time still
     fits; `report["steps"]` is then the number of rounds done (the same for every policy). `partial`: the report
-    so far is written there after every round."""
+    so far is written there after every round. `shadow_per_request`: arms (prefix_merging ones) whose every policy
+    also feeds its own batches, as rows from the real `per_request` builder, to a twin worker (same init, same
+    optimizer) that takes its own step: the per_request learner on the same data, compared by weights each step."""
     import ray
     import torch
     from nemo_polar.credit.nemo_rl.gateways import CONTROL_TOKEN_ENV, GatewayAdmin
@@ -332,7 +336,8 @@ def run(
             for s in seeds:
                 worker = FakeCpuPolicyWorker(base_model_dir, lr=lr, seed=s)
                 est = estimators[a.name][0] if a.estimator == "grpo" else build_estimator(a)[0]  # own ω state
-                policies.append(Policy(a, s, worker, est, base_model_dir))
+                shadow = FakeCpuPolicyWorker(base_model_dir, lr=lr, seed=s) if a.name in shadow_per_request else None
+                policies.append(Policy(a, s, worker, est, base_model_dir, shadow))
         t0 = time.monotonic()
         ray_tmp = tempfile.mkdtemp(prefix="polar-ray-")
         ray.init(num_cpus=2, include_dashboard=False, _temp_dir=ray_tmp)
@@ -440,23 +445,24 @@ def _one_step(
         "input_ids": flat["token_ids"], "token_mask": flat["token_loss_mask"].float(), "sample_mask": sample_mask,
         "advantages": advantages, "generation_logprobs": flat["generation_logprobs"].float(),
     }  # fmt: skip
+    sessions = [[records[c["record_id"]] for c in cs if c["record_id"] in records] for cs in calls]
     if pol.arm.builder == "per_request":
-        sessions = [[records[c["record_id"]] for c in cs if c["record_id"] in records] for cs in calls]
-        pr = per_request_rows(sessions, call_adv, eot_token_ids)
-        data = {
-            "input_ids": pr["input_ids"], "token_mask": pr["token_mask"],
-            "sample_mask": torch.tensor([float(sample_mask[i]) for i in pr["sample"]]), "advantages": pr["advantages"],
-            "generation_logprobs": torch.zeros_like(pr["token_mask"]),
-        }  # fmt: skip
+        data = _per_request_data(sessions, call_adv, sample_mask, eot_token_ids, torch)
     trained_mask = data["token_mask"][:, 1:] * data["sample_mask"].unsqueeze(-1)
-    with torch.no_grad():
-        prev = pol.worker.next_token_logprobs(data["input_ids"], where=trained_mask != 0)
-    prev = torch.cat([torch.zeros(prev.shape[0], 1), prev], dim=1)
-    if pol.arm.builder == "per_request":
-        data["generation_logprobs"] = prev
-    data["prev_logprobs"] = prev
-    data["reference_policy_logprobs"] = prev
-    trained = pol.worker.train_step(loss_fn, data)
+    trained = _train(pol.worker, loss_fn, data, torch)
+    shadow: dict[str, Any] | None = None
+    if pol.shadow is not None:
+        pr = _per_request_data(sessions, call_adv, sample_mask, eot_token_ids, torch)
+        s_trained = _train(pol.shadow, loss_fn, pr, torch)
+        pairs = zip(pol.shadow.model.parameters(), pol.worker.model.parameters(), strict=True)
+        num = sum(float((a - b).pow(2).sum()) for a, b in pairs)
+        den = sum(float(b.pow(2).sum()) for b in pol.worker.model.parameters())
+        shadow = {
+            "loss": s_trained.loss, "loss_prefix_merging": trained.loss,
+            "weights_rel_diff": math.sqrt(num / den), "tokens_forward": int(pr["input_ids"].numel()),
+            "tokens_trained": int((pr["token_mask"][:, 1:] * pr["sample_mask"].unsqueeze(-1) != 0).sum()),
+            "rows": int(pr["input_ids"].shape[0]),
+        }  # fmt: skip
     t_train = time.monotonic() - t0 - t_reload - t_rollout
     out_dir = work / "weights" / f"{pol.arm.name}-s{pol.seed}-v{pol.worker.version + 1}"
     saved = smoke.weights_dir_for_vllm(pol.worker, out_dir, base_model_dir)
@@ -483,7 +489,31 @@ def _one_step(
         "loss": trained.loss,
         "grad_norm": trained.grad_norm,
         "record_policy_versions": smoke.record_policy_versions(run_dir, list(records)),
+        "per_request_shadow": shadow,
         "policy_version": pol.worker.version - 1,
         "wall_s": round(time.monotonic() - t0, 2),
         "times_s": {"reload": round(t_reload, 2), "rollout": round(t_rollout, 2), "train": round(t_train, 2)},
     }
+
+
+def _per_request_data(
+    sessions: list[list[Any]], call_adv: list[dict[str, float]], sample_mask: Any, eot: Sequence[int], torch: Any
+) -> dict[str, Any]:
+    pr = per_request_rows(sessions, call_adv, eot)
+    return {
+        "input_ids": pr["input_ids"], "token_mask": pr["token_mask"],
+        "sample_mask": torch.tensor([float(sample_mask[i]) for i in pr["sample"]]), "advantages": pr["advantages"],
+        "generation_logprobs": torch.zeros_like(pr["token_mask"]),
+    }  # fmt: skip
+
+
+def _train(worker: Any, loss_fn: Any, data: dict[str, Any], torch: Any) -> Any:
+    """NeMo RL's loss on `data` with this worker's own (on-policy) logprobs as prev/reference; one optimizer step."""
+    trained_mask = data["token_mask"][:, 1:] * data["sample_mask"].unsqueeze(-1)
+    with torch.no_grad():
+        prev = worker.next_token_logprobs(data["input_ids"], where=trained_mask != 0)
+    prev = torch.cat([torch.zeros(prev.shape[0], 1), prev], dim=1)
+    if not bool(data["generation_logprobs"].any()):  # per_request rows carry none: the learner's own
+        data["generation_logprobs"] = prev
+    data = {**data, "prev_logprobs": prev, "reference_policy_logprobs": prev}
+    return worker.train_step(loss_fn, data)
