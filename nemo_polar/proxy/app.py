@@ -53,11 +53,11 @@ _KINDS = {
 }
 
 
-def make_engine(name: str, upstreams: Upstreams) -> Engine:
+def make_engine(name: str, upstreams: Upstreams, *, stream_interval: int | None = None) -> Engine:
     if name == "vllm":
         from nemo_polar.proxy.engines.vllm import VLLMEngine
 
-        return VLLMEngine(upstreams)
+        return VLLMEngine(upstreams, stream_interval=stream_interval)
     if name == "sglang":
         from nemo_polar.proxy.engines.sglang import SGLangEngine
 
@@ -81,7 +81,7 @@ class Proxy:
             read_timeout_s=config.read_timeout_s,
             routing=config.routing,
         )
-        self.engine: Engine = make_engine(config.engine, self.upstreams)
+        self.engine: Engine = make_engine(config.engine, self.upstreams, stream_interval=config.stream_interval)
         self.generator = Generator(config, self.engine, self.store)
         self.admission = Admission(config.pause_wait_s)
         self.admin = AdminAPI(self)

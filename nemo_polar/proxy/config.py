@@ -42,3 +42,7 @@ class ProxyConfig:
     # keeps the grammar's logprobs and says so in `upstream.log_probs_source`; forced tokens are masked from
     # training by default (`forced_policy: mask`), so only `forced_policy: keep` users need the re-scored values.
     rescore_forced_max_prompt_tokens: int = 2048
+    # vLLM streams: ask for this many tokens a chunk (the request field `stream_interval` of vLLM >= 0.32; a server's
+    # own --stream-interval wins when larger). None: the server decides (the embedded backend runs with 8).
+    # Fewer, larger chunks cost the proxy less CPU per token (docs/performance.md, long streams).
+    stream_interval: int | None = None

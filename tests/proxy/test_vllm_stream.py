@@ -223,3 +223,25 @@ def test_a_stream_captured_from_vllm_0_32_is_read_on_the_fast_path() -> None:
     res = acc.result()
     assert len(res.generation_token_ids) == len(res.generation_log_probs) == res.completion_tokens == 40
     assert acc.fast_chunks == 29  # every chunk but the first, the empty delta and the usage chunk (and [DONE])
+
+
+@pytest.mark.parametrize("interval", [None, 8])
+def test_the_proxy_asks_vllm_for_its_stream_interval_and_the_client_gets_the_same_answer(
+    fake_upstream: Any, make_proxy: Any, interval: int | None
+) -> None:
+    """`stream_interval` (ProxyConfig / `--stream-interval`) goes to vLLM only when set; the client's text and the
+    record are the same at 1 or 8 tokens a chunk."""
+    import openai
+
+    fake = fake_upstream(sized=True)
+    h = make_proxy([fake.base_url], stream_interval=interval)
+    s = h.session()
+    client = openai.OpenAI(base_url=h.base_url + "/v1", api_key=s.api_key, max_retries=0)
+    msgs = [{"role": "user", "content": "write " * 100}]
+    stream = client.chat.completions.create(model="m", messages=msgs, stream=True, max_tokens=40)  # type: ignore[arg-type]
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == "".join(f"w{k} " for k in range(40))
+    sent = fake.requests[-1]
+    assert sent.get("stream_interval") == interval if interval else "stream_interval" not in sent
+    rec = h.records(s.session_id)[-1]
+    assert len(rec.generation_token_ids) == len(rec.generation_log_probs) == 40 and rec.error is None

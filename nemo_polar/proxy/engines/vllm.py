@@ -23,6 +23,7 @@ from nemo_polar.proxy.engines.base import (
     Generation,
     OpenAIServerEngine,
     UpstreamError,
+    Upstreams,
     check_alignment,
     check_token_data,
     message_fields,
@@ -40,12 +41,20 @@ class VLLMEngine(OpenAIServerEngine):
 
     name = "vllm"
 
+    def __init__(self, upstreams: Upstreams, *, total_timeout_s: float = 900.0, stream_interval: int | None = None):
+        super().__init__(upstreams, total_timeout_s=total_timeout_s)
+        if stream_interval is not None and stream_interval < 1:
+            raise ValueError(f"stream_interval must be at least 1, got {stream_interval}")
+        self.stream_interval = stream_interval  # tokens a streamed chunk (vLLM's request field), None: the server's
+
     # -- request --------------------------------------------------------------------------------------------------
 
     def token_fields(self, stream: bool) -> dict[str, Any]:
         fields: dict[str, Any] = {"return_token_ids": True, "logprobs": True, "top_logprobs": 0, "stream": stream}
         if stream:
             fields["stream_options"] = {"include_usage": True}
+            if self.stream_interval:
+                fields["stream_interval"] = self.stream_interval
         return fields
 
     # -- non-streaming ----------------------------------------------------------------------------------------------
