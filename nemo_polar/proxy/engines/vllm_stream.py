@@ -52,7 +52,7 @@ _TOKEN_CHUNK = (
 # every `data:` line: (payload, kind, text, logprob entries, first logprob, finish, ids, other line); `payload` is
 # empty unless the line is a plain token chunk
 _LINE = re.compile(rb"^data: ?(?:(" + _TOKEN_CHUNK + rb")\r?$|([^\n]*))", re.M)
-_LOGPROB = re.compile(rb'"logprob":(' + _NUM + rb")")
+_LOGPROB = re.compile(rb'"logprob":([^,}]+)')  # over entries `_LP` already matched: each value is a JSON number
 _REASONING = {b"reasoning_content", b"reasoning"}
 
 
