@@ -154,6 +154,15 @@ def test_several_tokens_per_chunk_and_tool_calls_in_between() -> None:
     assert acc.fast_chunks == 3
 
 
+def test_crlf_line_ends_and_a_last_line_without_newline() -> None:
+    chunks = [_first([1]), *(_token("content", f"c{k}", [k], [-0.5]) for k in range(5))]
+    block = _sse(chunks).replace(b"\n", b"\r\n")
+    assert _assert_same(block).fast_chunks == 5
+    no_done = _sse(chunks, done=False).rstrip(b"\n")  # the stream's last chunk without its newline
+    acc, _ = _in_reads(no_done, [len(no_done) // 2])
+    assert acc.ids == list(range(5)) and acc.fast_chunks == 5 and not acc.done
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_any_read_boundaries_give_the_same_record(seed: int) -> None:
     rng = random.Random(seed)
