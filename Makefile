@@ -39,9 +39,9 @@ train-smoke: venv nemo-rl
 	@NRL="$$(bash scripts/nemo_rl_venv.sh | tail -n1)" && env -u VIRTUAL_ENV -u PYTHONPATH \
 	  "$$NRL/bin/python" -m polar_lab.gym_grpo_smoke --work-dir "$${POLAR_CACHE_DIR:-$$HOME/.cache/nemo-polar}/run/train-smoke-$$(date +%s)"
 
-# issue 24: GRPO learning curves (broadcast vs CALL-CREDIT, prefix_merging vs per_request; 3 seeds) through the
+# issue 24: GRPO learning curves (outcome broadcast vs CALL-CREDIT, 3 seeds; a per_request twin learner) through the
 # same real path, shell harness + tests/harness/tiny_agent.py, in-place vLLM weight reload; writes
-# benchmarks/learning_curve.{json,svg} and the RESULTS.md section text (benchmarks/learning_curve.md); ~30 min
+# benchmarks/learning_curve.{json,svg} and the RESULTS.md section text (benchmarks/learning_curve.md); ~35 min
 learning-curve: venv nemo-rl
 	@$(POLAR) backend prepare --models tiny-qwen3
 	@NRL="$$(bash scripts/nemo_rl_venv.sh | tail -n1)" && env -u VIRTUAL_ENV -u PYTHONPATH \

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Learning curve (issue 24): does CALL-CREDIT learn faster than outcome broadcast through the real training path?
 
-    make learning-curve        # the full default: 3 arms x 3 seeds; writes benchmarks/learning_curve.{json,svg}
+    make learning-curve        # the full default: 2 arms x 3 seeds (+ per_request twins); ~35 min on 2 cores
     <nemo-rl venv python> benchmarks/learning_curve.py [--steps N] [--seeds 0,1,2] [--arms a,b] [--group G]
         [--lr LR] [--threshold T] [--quick] [--work-dir DIR] [--json OUT] [--svg OUT] [--markdown OUT]
 
@@ -14,7 +14,10 @@ sessions whose decisive call rewrote the test file instead of fixing the code) o
 tokens run forward per step, wall time per step. Prints the table and the two verdicts the issue asks for; writes
 the per-step report (JSON), the plot (SVG) and the markdown section. Exits non-zero when a step did not do its
 job (records of a step not at that policy's version, a reward that disagrees with the decisive choice).
-`--quick`: 1 seed, 3 steps, arms broadcast + call_credit.
+`--quick`: 1 seed, 3 steps, arms broadcast + call_credit. Defaults: arms broadcast + call_credit, seeds 0,1,2,
+group 5, lr 2e-2, up to 12 steps but no step round started after 30 min (`--max-minutes`), and every call_credit
+policy also trains a per_request twin on its own batches (`--shadow-per-request`; the independent arm
+`call_credit_per_request` costs as much as another arm).
 """
 
 from __future__ import annotations

@@ -344,6 +344,9 @@ def run(
         links = smoke.link_server_venvs(work / "server-venvs", Path(sys.prefix))
         polar_swe_port = free_port()
         env_cfg = smoke.gym_env_config(work, llm, "shell", links, polar_swe_port)
+        # a whole GRPO group at once (the default 2 run slots queue 5 sessions into three waves)
+        swe_cfg = env_cfg["polar_swe"]["resources_servers"]["polar_swe"]
+        swe_cfg.update({k: group for k in ("init_workers", "ready_buffer", "run_slots", "postrun_workers")})
         agent_cfg = env_cfg["polar_agent"]["responses_api_agents"]["polar_agent"]
         agent_cfg["sampling"] = {"max_tokens": 48, "temperature": 1.0}
         agent_cfg["agent_options"] = {"command_line": f"{sys.executable} {TINY_AGENT} {{instruction}}"}
