@@ -15,12 +15,10 @@ the weights change, and the next record carries policy version 2.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import sys
 import tempfile
-import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -31,9 +29,9 @@ import pytest
 from nemo_polar.credit.nemo_rl.launch import install_refit_hooks
 from nemo_rl.algorithms import grpo
 
-from polar_lab.fake_upstream import FakeUpstream
 from polar_lab.gym_grpo_smoke import ENVIRONMENTS, NEMO_GYM_ACTOR, link_server_venvs
 
+from .loopback import fake_upstream_thread
 from .standin_run_grpo_nemo_gym import REFITS, FakeGeneration
 
 pytestmark = [pytest.mark.e2e]
@@ -43,26 +41,8 @@ TOKEN = "hosted-refit-test-token"
 
 @pytest.fixture
 def fake_upstream() -> Iterator[str]:
-    loop = asyncio.new_event_loop()
-    started = threading.Event()
-    fake = FakeUpstream()
-
-    def serve() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(fake.start())
-        started.set()
-        loop.run_forever()
-        loop.run_until_complete(fake.stop())
-        loop.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    assert started.wait(30), "the fake upstream did not start"
-    try:
-        yield fake.base_url
-    finally:
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(timeout=30)
+    with fake_upstream_thread() as url:
+        yield url
 
 
 @pytest.fixture

@@ -4,7 +4,10 @@
 Gym endpoints: `POST /seed_session` (starts the hosted Polar stack once — proxy, gateway, rollout server — and
 returns where the agent submits its task), `POST /verify` (the agent's diff applied to a FRESH runtime of the task
 repo, exactly the FAIL_TO_PASS / PASS_TO_PASS tests run; reward = resolved; infrastructure failures set
-`mask_sample` and a `failure_kind`), `POST /close_session`, `POST /aggregate_metrics`, `GET /reverify_mode`.
+`mask_sample` and a `failure_kind`; with `polar_session_id` naming a session of the hosted stack whose gateway ran
+those very tests on that very diff — in the evaluation runtime it prewarmed while the agent ran — that verdict is
+returned and no runtime is built: `evaluated_in` says which), `POST /close_session`, `POST /aggregate_metrics`,
+`GET /reverify_mode`.
 Polar endpoints: `GET /polar/status`, `GET /polar/sessions/{session_id}` (the session's diff and its proxy
 records, for the agent's conversion), and the trainer's refit hooks: `POST /polar/admin/pause` (`{"timeout_s": T}`),
 `POST /polar/admin/policy_version` (`{"policy_version": N}`), `POST /polar/admin/resume`, `GET /polar/admin/status`
@@ -104,6 +107,9 @@ class PolarSweVerifyRequest(BaseVerifyRequest):
     FAIL_TO_PASS: list[str] = Field(min_length=1)
     PASS_TO_PASS: list[str] = Field(default_factory=list)
     diff: str
+    polar_session_id: str | None = Field(
+        default=None, description="the hosted stack's session that produced `diff` (its gateway's evaluation)"
+    )
 
 
 class PolarSweVerifyResponse(BaseVerifyResponse):
@@ -114,6 +120,9 @@ class PolarSweVerifyResponse(BaseVerifyResponse):
     pass_to_pass_rate: float = 0.0
     test_outcomes: dict[str, str] = Field(default_factory=dict, description="node id -> PASSED / FAILED / ...")
     empty_patch: bool = False
+    evaluated_in: Literal["session", "fresh"] = Field(
+        default="fresh", description="session: the gateway's evaluation of this session; fresh: a runtime built here"
+    )
 
 
 class PolarAdminPauseRequest(BaseModel):
@@ -160,7 +169,10 @@ class PolarSweVerifier:
         return Path(tempfile.gettempdir()) / "polar_swe-verify"
 
     async def verify(self, body: PolarSweVerifyRequest) -> PolarSweVerifyResponse:
-        ev = await self._evaluate(body)
+        ev = self.session_verdict(body)
+        evaluated_in = "session" if ev is not None else "fresh"
+        if ev is None:
+            ev = await self._evaluate(body)
         kind = ev.failure_kind
         return PolarSweVerifyResponse(
             **body.model_dump(),
@@ -173,7 +185,12 @@ class PolarSweVerifier:
             pass_to_pass_rate=float(ev.metrics.get("pass_to_pass_rate", 0.0)),
             test_outcomes={**ev.details.get("FAIL_TO_PASS", {}), **ev.details.get("PASS_TO_PASS", {})},
             empty_patch=bool(ev.details.get("empty_patch", False)),
+            evaluated_in=evaluated_in,
         )
+
+    def session_verdict(self, body: PolarSweVerifyRequest) -> EvalResult | None:
+        """The evaluation a hosted gateway already made for this request (None: none here that fits)."""
+        return None
 
     async def _evaluate(self, body: PolarSweVerifyRequest) -> EvalResult:
         try:
@@ -229,6 +246,24 @@ class PolarSweResourcesServer(PolarSweVerifier, SimpleResourcesServer):
 
     def runtimes_dir(self) -> Path:
         return Path(self.stack.config.work_dir) / "verify"
+
+    def session_verdict(self, body: PolarSweVerifyRequest) -> EvalResult | None:
+        """The swe_tests verdict the gateway computed for `body.polar_session_id`, when it ran exactly this
+        request's tests on exactly this diff (else None: a fresh runtime evaluates). A verdict without test
+        outcomes (a patch that did not apply, an infrastructure failure) is evaluated again here."""
+        if not body.polar_session_id:
+            return None
+        result = self.stack.result(body.polar_session_id)
+        ev = result.eval if result is not None else None
+        if ev is None or ev.failure_kind is not None or self.stack.diff(body.polar_session_id) != body.diff:
+            return None
+        ran = (ev.details.get("FAIL_TO_PASS"), ev.details.get("PASS_TO_PASS"))
+        if not all(isinstance(r, dict) for r in ran) or [list(r) for r in ran] != [
+            body.FAIL_TO_PASS,
+            body.PASS_TO_PASS,
+        ]:
+            return None
+        return ev
 
     def setup_webserver(self) -> FastAPI:
         app = super().setup_webserver()

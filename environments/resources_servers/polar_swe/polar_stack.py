@@ -23,7 +23,7 @@ from typing import Any
 
 from nemo_polar.errors import PolarError
 from nemo_polar.rollout.stack import OPTION_GROUPS, Stack, StackConfig, start_stack
-from nemo_polar.types import CompletionRecord
+from nemo_polar.types import CompletionRecord, SessionResult
 
 __all__ = ["GYM_FIELD", "PolarStack", "UpstreamMismatch", "stack_config"]
 
@@ -159,6 +159,14 @@ class PolarStack:
             path = self.config.node_dir(node_id).session(session_id).diff
             if path.is_file():
                 return path.read_text()
+        return None
+
+    def result(self, session_id: str) -> SessionResult | None:
+        """A finished session's `SessionResult` (its gateway wrote it at the end of POSTRUN), else None."""
+        for node_id in self.config.node_ids:
+            path = self.config.node_dir(node_id).session(session_id).result
+            if path.is_file():
+                return SessionResult.from_json(path.read_bytes())
         return None
 
     def status(self) -> dict[str, Any]:

@@ -5,7 +5,8 @@
 resolves from Gym's model server config) → `POST /tasks` to the rollout server in `polar_swe`'s process: a
 one-sample TaskSpec with the configured `harness` and `builder` → the session's main chain as Gym output items
 whose last item per model call carries `prompt_token_ids` / `generation_token_ids` / `generation_log_probs`
-(one contiguous chain, as NeMo RL requires) → `polar_swe /verify` (swe_tests on a fresh runtime) → the verify
+(one contiguous chain, as NeMo RL requires) → `polar_swe /verify` (the swe_tests verdict the gateway computed in
+the evaluation runtime it prewarmed while the agent ran; `polar_session_id` names the session) → the verify
 JSON plus `polar_calls` (docs/nemo.md: one entry per generated segment of the delivered chain) and `polar` (builder
 stats with `delivered_fraction`, and every other chain, reported rather than silently lost), and the delivery numbers
 as top-level keys (`polar_delivered_tokens_fraction`, ...: NeMo RL logs them per step); the first time a session
@@ -140,10 +141,8 @@ class PolarAgent(SimpleResponsesAPIAgent):
             builder_options=c.builder_options,
             evaluator_timeout_s=c.evaluator_timeout_s,
         )
-        # The verdict is polar_swe's /verify; the gateway's POSTRUN only builds the trajectory.
-        # (session_completed takes no options: the swe_tests ones stay in the row, which /verify gets)
-        evaluator = task.evaluator.model_copy(update={"name": "session_completed", "options": {}})
-        task = task.model_copy(update={"evaluator": evaluator})
+        # The gateway's POSTRUN runs swe_tests in the evaluation runtime it prewarmed while the agent ran; polar_swe's
+        # /verify (the verdict) returns that evaluation for this session instead of building a runtime of its own
         t0 = time.monotonic()
         async with PolarClient(seed["rollout_url"], poll_wait_s=10.0) as polar:
             await polar.submit(task)
@@ -154,7 +153,9 @@ class PolarAgent(SimpleResponsesAPIAgent):
         session = await self._get(f"/polar/sessions/{result.session_id}")
         records = [CompletionRecord.from_dict(r) for r in session["records"]]
         response = gym_response(result, records, model=task.agent.model or "polar", created_at=int(time.time()))
-        verify = await self._post("/verify", {**row, "response": response, "diff": session["diff"]})
+        verify = await self._post(
+            "/verify", {**row, "response": response, "diff": session["diff"], "polar_session_id": result.session_id}
+        )
         out = PolarAgentVerifyResponse.model_validate(verify)
         out.polar = polar_summary(result, elapsed_s=time.monotonic() - t0, records=records)
         sent = out.polar["delivery"]
@@ -164,7 +165,8 @@ class PolarAgent(SimpleResponsesAPIAgent):
         if c.annotate_calls:
             out.polar_calls = polar_calls(result, records, harness=c.harness)
         ev = result.eval
-        if result.status == "ERROR" or (ev is not None and ev.mask_sample):  # the rollout itself failed
+        failed = result.metadata.get("failure")  # the rollout itself failed (not the evaluation: /verify owns it)
+        if result.status == "ERROR" or (failed and ev is not None and ev.mask_sample):
             out.mask_sample = True
             kind = (result.metadata.get("failure") or {}).get("kind") or (ev.failure_kind if ev else None)
             out.failure_kind = f"polar_swe:{kind or 'rollout_failed'}"
