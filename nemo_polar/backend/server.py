@@ -166,8 +166,29 @@ def _group_members(pgid: int) -> list[tuple[str, int]]:
 
 
 def group_alive(pgid: int) -> bool:
-    """True while some process of the group runs (zombies waiting to be reaped do not count)."""
-    return any(state != "Z" for state, _ in _group_members(pgid))
+    """True while some process of the group runs (zombies waiting to be reaped do not count). A process whose main
+    thread has exited shows "Z" in its own stat while its other threads run (a SIGKILLed multithreaded server is in
+    that state while it tears down): its threads decide."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = _stat_fields((entry / "stat").read_text())
+            if int(fields[2]) != pgid:
+                continue
+            if fields[0] != "Z":
+                return True
+            tasks = list((entry / "task").iterdir())
+            if any(_stat_fields((t / "stat").read_text())[0] != "Z" for t in tasks):
+                return True
+        except (OSError, ValueError, IndexError):
+            continue
+    return False
+
+
+def _stat_fields(stat: str) -> list[str]:
+    """The fields of a /proc stat line after the parenthesised command name: state ppid pgrp ..."""
+    return stat[stat.rindex(")") + 2 :].split()
 
 
 def group_rss_bytes(pgid: int) -> int:

@@ -223,6 +223,42 @@ def test_server_dies_with_its_owner(cache: Path) -> None:
             owner.wait()
 
 
+_LEADER_GONE = """
+import ctypes, signal, threading, time
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+threading.Thread(target=time.sleep, args=(120,)).start()
+print("ready", flush=True)
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+def test_stop_group_waits_for_a_process_whose_main_thread_exited() -> None:
+    """A process whose main thread is gone shows "Z" in /proc/<pid>/stat while its other threads run (a SIGKILLed
+    vLLM server tears down that way; found by benchmarks/faults.py's vllm_kill row): the group is still alive, and
+    stop_group kills it rather than returning at once with the process running."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _LEADER_GONE], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        deadline = time.monotonic() + 30
+        while _stat_state(proc.pid) != "Z" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _stat_state(proc.pid) == "Z"  # the leader thread exited; the sleeping thread runs on
+        assert server.group_alive(proc.pid)
+        server.stop_group(proc.pid, proc, timeout_s=1.0)  # SIGTERM is ignored: SIGKILL after 1 s
+        assert proc.poll() is not None and not server.group_alive(proc.pid)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+
+
+def _stat_state(pid: int) -> str:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rindex(")") + 2 :].split()[0]
+
+
 def test_prepare_lock_serialises_preparers(cache: Path) -> None:
     messages: list[str] = []
     held = threading.Event()
