@@ -69,7 +69,7 @@ class Dialect:
     name: str
     path: str
     header: str
-    terminal: bytes
+    terminal: tuple[bytes, ...]  # any of these ends an answer (Responses: `incomplete` when max_tokens cut it)
 
     def body(self, prompt: str) -> dict[str, Any]:
         if self.name == "openai_chat":
@@ -91,10 +91,12 @@ class Dialect:
 
 
 DIALECTS = [
-    Dialect("openai_chat", "/v1/chat/completions", "authorization", b"data: [DONE]"),
-    Dialect("anthropic", "/v1/messages", "x-api-key", b"event: message_stop"),
-    Dialect("responses", "/v1/responses", "authorization", b"event: response.completed"),
-    Dialect("google", "/v1beta/models/gemini-x:streamGenerateContent?alt=sse", "x-goog-api-key", b'"finishReason"'),
+    Dialect("openai_chat", "/v1/chat/completions", "authorization", (b"data: [DONE]",)),
+    Dialect("anthropic", "/v1/messages", "x-api-key", (b"event: message_stop",)),
+    Dialect(
+        "responses", "/v1/responses", "authorization", (b"event: response.completed", b"event: response.incomplete")
+    ),
+    Dialect("google", "/v1beta/models/gemini-x:streamGenerateContent?alt=sse", "x-goog-api-key", (b'"finishReason"',)),
 ]
 
 
@@ -188,7 +190,7 @@ def call_once(base: str, d: Dialect, key: str, prompt: str, timeout_s: float) ->
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             raw = resp.read()
-            return ("ok" if d.terminal in raw else "retry"), resp.status
+            return ("ok" if any(t in raw for t in d.terminal) else "retry"), resp.status
     except urllib.error.HTTPError as err:
         err.read()
         return ("retry" if err.code >= 500 or err.code == 429 else "fail"), err.code
@@ -401,7 +403,7 @@ def row_vllm(
     """Sessions of every dialect at once through one `polar proxy` on a REAL vLLM server (`LocalVLLM`); once answers
     flow and calls are in flight, the server's process group (API server and engine core) is SIGKILLed and a new
     server is started on the same port. Clients retry as the CLIs do (up to 30 attempts, backoff capped at 5 s: about
-    two minutes, Claude Code's own budget is larger); after they finish, one more call per dialect checks that the
+    two minutes); after they finish, one more call per dialect checks that the
     proxy serves normally. Returns the per-dialect scores and the kill's own figures."""
     from nemo_polar.backend import LocalVLLM
     from nemo_polar.backend.server import group_alive
@@ -439,7 +441,9 @@ def row_vllm(
                 if not group_alive(old.pid):
                     break
                 time.sleep(0.1)
+            leader = old._proc
             old.stop("SIGKILLed by the fault campaign")  # reaps the leader
+            kill["old_server_exit"] = leader.poll() if leader is not None else None
             t0 = time.monotonic()
             try:
                 holder["llm"] = LocalVLLM(model, port=vport).start()
