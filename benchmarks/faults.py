@@ -414,14 +414,15 @@ def row_vllm(
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     sampling = json.dumps({"max_tokens": 24, "temperature": 1.0})
-    proxy = start_proxy(
-        port, llm.base_url, str(work / "vllm-kill"), "--served-model", llm.model, "--sampling", sampling
-    )
+    proxy: subprocess.Popen[bytes] | None = None
     holder: dict[str, Any] = {"llm": llm}
     tallies = {d.name: Tally() for d in DIALECTS}
     faults: list[float] = []
     kill: dict[str, Any] = {}
     try:
+        proxy = start_proxy(
+            port, llm.base_url, str(work / "vllm-kill"), "--served-model", llm.model, "--sampling", sampling
+        )
         sessions = {d.name: new_sessions(base, n_sessions, f"vllm-{d.name}") for d in DIALECTS}
 
         def killer() -> None:
@@ -471,7 +472,7 @@ def row_vllm(
             outcome, status = call_once(base, d, key, f"fault-{sid}-0", timeout_s=60)
             after[d.name] = f"{outcome}:{status}"
         kill["after_restart"] = after
-        kill["proxy_alive"] = proxy.poll() is None
+        kill["proxy_alive"] = proxy.poll() is None  # the proxy was never restarted
         return [(d, score(base, sessions[d.name], tallies[d.name], faults)) for d in DIALECTS], kill
     finally:
         stop(proxy)
