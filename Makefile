@@ -36,8 +36,7 @@ nemo-rl: venv
 train-smoke: venv nemo-rl
 	@$(POLAR) backend prepare --models tiny-qwen3
 	@$(POLAR) harness install qwen_code
-	@NRL="$$(bash scripts/nemo_rl_venv.sh | tail -n1)" && env -u VIRTUAL_ENV -u PYTHONPATH \
-	  "$$NRL/bin/python" -m polar_lab.gym_grpo_smoke --work-dir "$${POLAR_CACHE_DIR:-$$HOME/.cache/nemo-polar}/run/train-smoke-$$(date +%s)"
+	@$(POLAR) train --smoke
 
 # issue 24: GRPO learning curves (outcome broadcast vs CALL-CREDIT, 3 seeds; a per_request twin learner) through the
 # same real path, shell harness + tests/harness/tiny_agent.py, in-place vLLM weight reload; writes

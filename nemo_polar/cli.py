@@ -25,6 +25,7 @@ _SUBSYSTEMS = (
     "nemo_polar.credit.cli",
     "nemo_polar.data.cli",
     "nemo_polar.demo",
+    "nemo_polar.train_cli",
 )
 
 

@@ -16,6 +16,7 @@
 # (site-packages/_polar_py311_typeddict.pth) makes `typing.TypedDict` the `typing_extensions` one on Python < 3.12,
 # before anything imports. No NeMo RL or Gym source file is changed; on Python >= 3.12 the hook does nothing.
 #
+# POLAR_NEMO_RL_NO_BUILD=1: only find a finished venv (exit 3 when there is none; `polar train --smoke` asks so).
 # Idempotent: a finished venv is marked `.complete` and reused; the editable nemo-polar install is redone only when
 # it points at another checkout.
 set -euo pipefail
@@ -67,6 +68,10 @@ quiet() {
   return "${PIPESTATUS[0]}"
 }
 
+if [ ! -f "$VENV/.complete" ] && [ -n "${POLAR_NEMO_RL_NO_BUILD:-}" ]; then
+  echo "[nemo-rl-venv] $VENV is not built (POLAR_NEMO_RL_NO_BUILD is set: not building it; run make nemo-rl)" >&2
+  exit 3
+fi
 if [ ! -f "$VENV/.complete" ]; then
   echo "[nemo-rl-venv] building $VENV (cold: several minutes, ~2.5 GB)" >&2
   rm -rf "$VENV"

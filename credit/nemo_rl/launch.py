@@ -218,6 +218,8 @@ def _entry_script(args: argparse.Namespace) -> Path:
 def run(argv: list[str]) -> int:
     args, overrides = _parser().parse_known_args(argv)
     try:
+        if not Path(args.config).is_file():
+            raise LaunchError(f"recipe not found: {args.config}")
         config = load_with_overrides(args.config, overrides)
         try:
             checked: MasterConfigSchema = validate_recipe(config)
