@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """How a gateway talks to its model-API proxy: create a session, then fetch its records and close it.
 
-`ProxyLink` is the small protocol the gateway uses; `HostedProxy` runs the real proxy (`nemo_polar.proxy.app.Proxy`)
-inside the gateway process on its own loopback port (the gateway "hosts the proxy": docs/architecture.md), using its
-Python API so the harness adapter's request classifier is handed over as a callable. `nemo_polar.rollout.stack`
+`ProxyLink` is the small protocol the gateway uses (a session is opened from one `SessionRequest`); `HostedProxy`
+runs the real proxy (`nemo_polar.proxy.app.Proxy`) inside the gateway process on its own loopback port (the gateway
+"hosts the proxy": docs/architecture.md), using its Python API so the harness adapter's request classifier is
+handed over as a callable. `nemo_polar.rollout.stack`
 creates them (one per gateway node).
 
 This module does no agent work and no scheduling.
@@ -20,7 +21,21 @@ from aiohttp import web
 
 from nemo_polar.types import CompletionRecord
 
-__all__ = ["HostedProxy", "ProxyLink", "ProxySession"]
+__all__ = ["HostedProxy", "ProxyLink", "ProxySession", "SessionRequest"]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionRequest:
+    """What the gateway asks its proxy for when an agent starts: the session's and task's ids, the harness's
+    resolved plan, its sampling overrides, the metadata every record carries and the harness adapter's request
+    classifier."""
+
+    session_id: str
+    task_id: str
+    plan: dict[str, Any] | None
+    sampling: dict[str, Any] | None
+    metadata: dict[str, Any]
+    classifier: Callable[[dict[str, Any]], str] | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,16 +48,7 @@ class ProxySession:
 class ProxyLink(Protocol):
     base_url: str
 
-    async def open_session(
-        self,
-        *,
-        session_id: str,
-        task_id: str,
-        plan: dict[str, Any] | None,
-        sampling: dict[str, Any] | None,
-        metadata: dict[str, Any],
-        classifier: Callable[[dict[str, Any]], str] | None,
-    ) -> ProxySession: ...
+    async def open_session(self, request: SessionRequest) -> ProxySession: ...
 
     async def close_session(self, session_id: str) -> None: ...
 
@@ -75,23 +81,14 @@ class HostedProxy:
             await self._runner.cleanup()
             self._runner = None
 
-    async def open_session(
-        self,
-        *,
-        session_id: str,
-        task_id: str,
-        plan: dict[str, Any] | None,
-        sampling: dict[str, Any] | None,
-        metadata: dict[str, Any],
-        classifier: Callable[[dict[str, Any]], str] | None,
-    ) -> ProxySession:
+    async def open_session(self, request: SessionRequest) -> ProxySession:
         s = await self.proxy.create_session(
-            session_id=session_id,
-            task_id=task_id,
-            plan=plan,
-            sampling=sampling or None,
-            metadata=metadata,
-            classifier=classifier,
+            session_id=request.session_id,
+            task_id=request.task_id,
+            plan=request.plan,
+            sampling=request.sampling or None,
+            metadata=request.metadata,
+            classifier=request.classifier,
         )
         return ProxySession(s.session_id, s.api_key, self.base_url)
 

@@ -30,6 +30,7 @@ from nemo_polar.evaluators import EvalContext, run_evaluator
 from nemo_polar.evaluators.base import apply_trace_rewards
 from nemo_polar.evaluators.base import failure as eval_failure
 from nemo_polar.loading import load_object
+from nemo_polar.rollout.proxylink import SessionRequest
 from nemo_polar.rollout.retry import Backoff, retry
 from nemo_polar.rollout.runtime import Runtime, RuntimeSetupError, create_runtime
 from nemo_polar.rollout.spec import ExecAction, TaskSpec, UploadDirAction, UploadFileAction
@@ -262,17 +263,19 @@ class SessionWork:
         )
         resolved = resolve_plan(plan, adapter, ctx) if plan else None
         session = await self.proxy.open_session(
-            session_id=job.session_id,
-            task_id=task.task_id,
-            plan=resolved,
-            sampling=agent.sampling,
-            metadata={
-                "sample_index": job.sample_index,
-                "attempt": job.attempt,
-                "harness": agent.harness,
-                **task.metadata.model_dump(exclude_none=True),
-            },
-            classifier=adapter.classify_request,
+            SessionRequest(
+                session_id=job.session_id,
+                task_id=task.task_id,
+                plan=resolved,
+                sampling=agent.sampling,
+                metadata={
+                    "sample_index": job.sample_index,
+                    "attempt": job.attempt,
+                    "harness": agent.harness,
+                    **task.metadata.model_dump(exclude_none=True),
+                },
+                classifier=adapter.classify_request,
+            )
         )
         job.proxy_session = session.session_id
         ctx = replace(ctx, api_key=session.api_key, base_url=session.base_url)

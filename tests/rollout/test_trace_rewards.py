@@ -43,7 +43,7 @@ class _Records:
     def __init__(self, records: list[CompletionRecord]):
         self._records = records
 
-    async def open_session(self, **kw: Any) -> Any:
+    async def open_session(self, request: Any) -> Any:
         raise AssertionError("POSTRUN opens no session")
 
     async def close_session(self, session_id: str) -> None:
