@@ -3,7 +3,7 @@
 
 Submodules: `spec` (TaskSpec and session spec), `task_options` (its option blocks checked at submit), `server` +
 `journal` (scheduling, durable state, callbacks), `gateway` + `stages` (INIT / READY / RUNNING / POSTRUN), `runtime`
-(the Runtime protocol, `isolation: none`), `proxylink` (the hosted proxy), `client` (`PolarClient`), `retry`,
+(the Runtime base, `isolation: none`), `proxylink` (the hosted proxy), `client` (`PolarClient`), `retry`,
 `simulation` (a timed fake agent), `cli`.
 """
 

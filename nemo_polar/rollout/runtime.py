@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The `Runtime` protocol the gateway and the evaluators use, and the plain local runtime (`isolation: none`).
+"""The `Runtime` base the gateway and the evaluators use, and the plain local runtime (`isolation: none`).
 
 A runtime is one session's private copy of the task repo (`workdir`) with a private HOME and tmp: commands run
 in it with a timeout, files are uploaded into it, `diff()` returns everything changed since it was created (a git
@@ -20,10 +20,11 @@ import shutil
 import signal
 import sys
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any, Protocol, runtime_checkable
+from typing import IO, Any
 
 from nemo_polar.errors import PolarError
 from nemo_polar.rollout.spec import RuntimeSpec
@@ -59,21 +60,34 @@ class ExecResult:
         return self.exit_code == 0 and not self.timed_out
 
 
-@runtime_checkable
-class Runtime(Protocol):
+class Runtime(ABC):
     """One session's runtime. `workdir` / `home` are host paths (setup, git bookkeeping, evaluators' file reads);
     `agent_workdir` / `agent_home` are the same directories as the commands run by `exec` see them (a sandbox mounts
-    them at fixed paths), which is what goes into a harness's configuration and command line."""
+    them at fixed paths), which is what goes into a harness's configuration and command line.
+
+    `exec` is written here once; a runtime says how a command runs (`_run`: a host process, a sandbox, a container)
+    and which environment it gets (`base_env`, `exec_env`)."""
 
     session_id: str
     workdir: Path
     home: Path
 
     @property
+    @abstractmethod
     def agent_workdir(self) -> str: ...
 
     @property
+    @abstractmethod
     def agent_home(self) -> str: ...
+
+    @abstractmethod
+    def base_env(self) -> dict[str, str]:
+        """The environment every command starts from (PATH, HOME, locale, the task's `env`)."""
+
+    def exec_env(self) -> dict[str, str]:
+        """What this runtime sets over `base_env()` for every `exec` (a sandbox's own /tmp); the caller's `env` goes
+        over it. None on the host."""
+        return {}
 
     async def exec(
         self,
@@ -82,14 +96,31 @@ class Runtime(Protocol):
         timeout_s: float,
         env: Mapping[str, str] | None = None,
         stdout_path: Path | None = None,
-    ) -> ExecResult: ...
+    ) -> ExecResult:
+        """Run `command` (a string runs under `/bin/sh -c`) with `base_env()`, `exec_env()` and `env` over each other,
+        through this runtime's `_run`."""
+        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
+        full_env = self.base_env()
+        full_env.update(self.exec_env())
+        full_env.update(env or {})
+        return await self._run(argv, full_env, timeout_s, stdout_path)
 
+    @abstractmethod
+    async def _run(
+        self, argv: list[str], env: dict[str, str], timeout_s: float, stdout_path: Path | None
+    ) -> ExecResult:
+        """Run `argv` with exactly `env` in the workdir; a timeout or a cancellation kills the whole group."""
+
+    @abstractmethod
     async def write_file(self, rel: str, data: str | bytes, mode: int = 0o644) -> None: ...
 
+    @abstractmethod
     async def upload_dir(self, src: Path, rel: str) -> None: ...
 
+    @abstractmethod
     async def diff(self) -> str: ...
 
+    @abstractmethod
     async def destroy(self) -> None: ...
 
 
@@ -105,7 +136,7 @@ def _inside(root: Path, rel: str) -> Path:
     return path
 
 
-class LocalRuntime:
+class LocalRuntime(Runtime):
     """A per-session directory with plain host processes (`isolation: none`)."""
 
     def __init__(self, session_id: str, root: Path, spec: RuntimeSpec):
@@ -188,27 +219,6 @@ class LocalRuntime:
                 (self.workdir / ".git" / "info" / "exclude").write_text(_GIT_EXCLUDES)
         head = await self._git("rev-parse", "HEAD")
         self._base_sha = head.stdout.strip()
-
-    def exec_env(self) -> dict[str, str]:
-        """What this runtime sets over `base_env()` for every `exec` (a sandbox's own /tmp); the caller's `env` goes
-        over it. None on the host."""
-        return {}
-
-    async def exec(
-        self,
-        command: str | Sequence[str],
-        *,
-        timeout_s: float,
-        env: Mapping[str, str] | None = None,
-        stdout_path: Path | None = None,
-    ) -> ExecResult:
-        """Run `command` (a string runs under `/bin/sh -c`) with `base_env()`, `exec_env()` and `env` over each other,
-        through this runtime's `_run` (a host process here; a sandbox or container in the subclasses)."""
-        argv = ["/bin/sh", "-c", command] if isinstance(command, str) else list(command)
-        full_env = self.base_env()
-        full_env.update(self.exec_env())
-        full_env.update(env or {})
-        return await self._run(argv, full_env, timeout_s, stdout_path)
 
     async def _run(
         self, argv: list[str], env: dict[str, str], timeout_s: float, stdout_path: Path | None
