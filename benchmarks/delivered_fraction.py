@@ -19,7 +19,12 @@ next-speaker check after the answer); Claude Code on the same plan after a force
 subagent, whose calls are live. One live main call before the forced answer (`{"live": true}`) gives the main chain
 trainable tokens (forced steps are masked by default). Sampling: temperature 1.0 (as in GRPO rollouts), at most 64
 tokens per live call (a random-weight model's live calls are noise). The answer stays forced: Qwen Code takes
-tiny-qwen3's live text for an empty response and retries, and only after a real answer does it make its side calls.
+tiny-qwen3's live text for an empty response and retries. Qwen Code 0.15 skips its next-speaker check by default
+(`model.skipNextSpeakerCheck: true`) and schedules its memory-extraction pass only after a turn that answered the
+user's query without tools, so a fix session makes no side call at all; the Qwen Code sessions here turn the check
+on, as a user can, through Qwen Code's system settings file (`QWEN_CODE_SYSTEM_SETTINGS_PATH`, written by a
+prepare step): one live side call after the answer, asking the model who speaks next (`--qwen-default` runs it
+as shipped).
 
     flock /tmp/polar-heavy.lock .venv/bin/python benchmarks/delivered_fraction.py            # 1 session per cell
     .venv/bin/python benchmarks/delivered_fraction.py --sessions 2 --json rows.json          # keep the rows
@@ -46,6 +51,8 @@ from typing import Any
 from _rollout import REPO, Stack
 from _tables import note, table
 
+from nemo_polar.runtime.sandbox import AGENT_HOME
+
 HARNESSES = ("qwen_code", "claude_code")
 SAMPLING = {"max_tokens": 64, "temperature": 1.0}
 AGENT_CALL = {
@@ -54,6 +61,8 @@ AGENT_CALL = {
     "subagent_type": "general-purpose",
 }
 KEYS = ("calls", "generated_tokens", "trainable_tokens")
+QWEN_SYSTEM_SETTINGS = "qwen-system-settings.json"
+QWEN_SETTINGS = {"model": {"skipNextSpeakerCheck": False}}
 
 
 def convert_module() -> ModuleType:
@@ -79,7 +88,9 @@ def plan_for(harness: str, task: str) -> dict[str, Any]:
     return plan
 
 
-def make_task(task: str, harness: str, *, task_id: str) -> Any:
+def make_task(task: str, harness: str, *, task_id: str, next_speaker_check: bool = True) -> Any:
+    """One sandboxed session of example `task` on `harness` with its plan; Qwen Code with its next-speaker check on
+    (a system settings file written in the session's home by a prepare step) unless `next_speaker_check` is off."""
     from nemo_polar.rollout.spec import TaskSpec
     from tests.rollout.helpers import example_task
 
@@ -91,7 +102,12 @@ def make_task(task: str, harness: str, *, task_id: str) -> Any:
         builder="prefix_merging",
         timeout_s=600,
     )
-    return TaskSpec.model_validate({**spec.model_dump(), "plans": [plan_for(harness, task)]})
+    data = {**spec.model_dump(), "plans": [plan_for(harness, task)]}
+    if harness == "qwen_code" and next_speaker_check:
+        data["runtime"]["env"] = {"QWEN_CODE_SYSTEM_SETTINGS_PATH": f"{AGENT_HOME}/{QWEN_SYSTEM_SETTINGS}"}
+        write = f"printf '%s' '{json.dumps(QWEN_SETTINGS)}' > \"$HOME/{QWEN_SYSTEM_SETTINGS}\""
+        data["session"]["prepare"] = [{"kind": "exec", "command": ["sh", "-c", write]}]
+    return TaskSpec.model_validate(data)
 
 
 def session_rows(
@@ -222,7 +238,8 @@ async def run_all(args: argparse.Namespace, engine: Any) -> list[dict[str, Any]]
                 tag = f"{config}-{harness}-{i}"
                 t0 = time.monotonic()
                 async with Stack(work / tag, options) as stack:
-                    ((result, records),) = await stack.run(make_task(args.task, harness, task_id=f"df-{tag}"))
+                    task = make_task(args.task, harness, task_id=f"df-{tag}", next_speaker_check=not args.qwen_default)
+                    ((result, records),) = await stack.run(task)
                 new = session_rows(conv, config, harness, result, records, time.monotonic() - t0)
                 rows += new
                 r = new[0]
@@ -242,6 +259,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--harnesses", default=",".join(HARNESSES))
     ap.add_argument("--task", default="median", help="example task (nemo_polar/examples)")
     ap.add_argument("--json", default=None, help="write the per-session rows here")
+    ap.add_argument("--qwen-default", action="store_true", help="Qwen Code as shipped (no next-speaker check)")
     ap.add_argument("--report", default=None, metavar="JSON[,JSON]", help="print the tables from saved rows")
     args = ap.parse_args(argv)
     args.harnesses = [h for h in args.harnesses.split(",") if h]
