@@ -240,7 +240,10 @@ async def run_all(args: argparse.Namespace, engine: Any) -> list[dict[str, Any]]
                 async with Stack(work / tag, options) as stack:
                     task = make_task(args.task, harness, task_id=f"df-{tag}", next_speaker_check=not args.qwen_default)
                     ((result, records),) = await stack.run(task)
-                new = session_rows(conv, config, harness, result, records, time.monotonic() - t0)
+                label = harness
+                if harness == "qwen_code":
+                    label += " (as shipped)" if args.qwen_default else " (next-speaker check on)"
+                new = session_rows(conv, config, label, result, records, time.monotonic() - t0)
                 rows += new
                 r = new[0]
                 print(
