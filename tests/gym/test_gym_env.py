@@ -165,6 +165,17 @@ def test_collect_rollouts_rewards_calls_and_contiguous_tokens(gym: GymEnv) -> No
         assert res["reward"] == (1.0 if name in FIX else 0.0), (name, res.get("test_outcomes"), res["polar"])
         assert res["polar"]["status"] == "COMPLETED" and res["polar"]["agent_exit_code"] == 0
         assert res["polar"]["delivered_chain"] == "main"
+        assert res["evaluated_in"] == "session"  # /verify answered from the gateway's evaluation, no new runtime
+        # what the record leaves out, as top-level numbers (NeMo RL logs them per step) and per chain
+        sent = res["polar"]["delivery"]
+        left = [c for c in sent["chains"] if not c["delivered"]]
+        assert (
+            res["polar_undelivered_calls"] == sum(c["calls"] for c in left) == sent["calls"] - sent["delivered_calls"]
+        )
+        assert res["polar_delivered_tokens_fraction"] == pytest.approx(
+            sent["delivered_generated_tokens"] / sent["generated_tokens"]
+        )
+        assert res["polar_delivered_trainable_fraction"] == pytest.approx(res["polar"]["delivered_fraction"])
         log = to_message_log(res)  # raises like NeMo RL on a non-contiguous record
         calls = [item for item in res["response"]["output"] if item.get("generation_token_ids")]
         assert calls and len(log) == 2 * len(calls)
