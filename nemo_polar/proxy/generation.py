@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from nemo_polar.proxy import plans
@@ -169,13 +169,8 @@ class Generator:
 
     async def _complete_spliced(self, call: EngineCall, prompt: list[int], extra: dict[str, Any] | None) -> Generation:
         splicer = self.splicer_for()
-        gen, text = await self.engine.complete_ids(
-            prompt,
-            call.sampling,
-            call.served_model,
-            call.route_key,
-            extra={"stop_token_ids": splicer.eot_token_ids, **(extra or {})},
-        )
+        completion = replace(call, extra={"stop_token_ids": splicer.eot_token_ids, **(extra or {})})
+        gen, text = await self.engine.complete_ids(completion, prompt)
         content, reasoning, calls = plans.parse_hermes(text)
         res = gen.result
         assert res is not None

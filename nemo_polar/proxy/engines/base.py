@@ -166,16 +166,9 @@ class Engine(Protocol):
         """A streamed chat generation: the events of each network read as one list; `gen` holds the outcome."""
         ...
 
-    async def complete_ids(
-        self,
-        prompt_ids: list[int],
-        sampling: dict[str, Any],
-        served_model: str,
-        route_key: str,
-        *,
-        extra: dict[str, Any] | None = None,
-    ) -> tuple[Generation, str]:
-        """A generation from prompt token ids (prefix splicing); returns it and the raw generated text."""
+    async def complete_ids(self, call: EngineCall, prompt_ids: list[int]) -> tuple[Generation, str]:
+        """`call`'s generation from prompt token ids instead of its messages (prefix splicing), `call.extra` over the
+        upstream body as in `chat`; returns it and the raw generated text."""
         ...
 
     async def tokenize(self, call: EngineCall) -> list[int]:

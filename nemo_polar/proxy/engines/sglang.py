@@ -76,7 +76,7 @@ class SGLangEngine(OpenAIServerEngine):
         if events:
             yield events
 
-    async def complete_ids(self, *args: Any, **kwargs: Any) -> tuple[Generation, str]:
+    async def complete_ids(self, call: EngineCall, prompt_ids: list[int]) -> tuple[Generation, str]:
         """Not available: SGLang's chat endpoint takes no prompt token ids (prefix splicing needs vLLM)."""
         raise ProviderError(500, "api_error", f"engine {self.name} cannot generate from token ids")
 

@@ -151,23 +151,17 @@ class VLLMEngine(OpenAIServerEngine):
             raise UpstreamError(502, "api_error", "upstream /tokenize returned no tokens")
         return tokens
 
-    async def complete_ids(
-        self,
-        prompt_ids: list[int],
-        sampling: dict[str, Any],
-        served_model: str,
-        route_key: str,
-        *,
-        extra: dict[str, Any] | None = None,
-    ) -> tuple[Generation, str]:
-        """Generate from token ids with `/v1/completions`; returns the generation and the raw text."""
+    async def complete_ids(self, call: EngineCall, prompt_ids: list[int]) -> tuple[Generation, str]:
+        """Generate from token ids with `/v1/completions` (the call's sampling, the token fields, then `call.extra`
+        over them); returns the generation and the raw text."""
         gen = Generation()
-        body: dict[str, Any] = {"model": served_model, "prompt": prompt_ids}
-        body.update({k: v for k, v in sampling.items() if k != "chat_template_kwargs"})
+        body: dict[str, Any] = {"model": call.served_model, "prompt": prompt_ids}
+        body.update({k: v for k, v in call.sampling.items() if k != "chat_template_kwargs"})
         body.update({"return_token_ids": True, "logprobs": 0, "stream": False})
-        if extra:
-            body.update(extra)
-        data = await self.upstreams.post_json("/v1/completions", body, route_key, gen, total_s=self.total_timeout_s)
+        body.update(call.extra)
+        data = await self.upstreams.post_json(
+            "/v1/completions", body, call.route_key, gen, total_s=self.total_timeout_s
+        )
         try:
             choice = data["choices"][0]
             lp = choice.get("logprobs") or {}
@@ -177,16 +171,12 @@ class VLLMEngine(OpenAIServerEngine):
                 prompt_token_ids=choice.get("prompt_token_ids") or data.get("prompt_token_ids") or list(prompt_ids),
                 generation_token_ids=choice.get("token_ids") or [],
                 generation_log_probs=[float(x) for x in (lp.get("token_logprobs") or [])],
-                served_model=data.get("model") or served_model,
+                served_model=data.get("model") or call.served_model,
                 response_id=data.get("id") or "",
             )
         except (KeyError, IndexError, TypeError, ValueError) as exc:
             raise UpstreamError(502, "api_error", f"unexpected /v1/completions reply: {exc!r}") from exc
-        gen.usage = data.get("usage") or {}
-        result.prompt_tokens = gen.usage.get("prompt_tokens", len(result.prompt_token_ids))
-        result.completion_tokens = gen.usage.get("completion_tokens", len(result.generation_token_ids))
-        check_alignment(result, gen.usage, gen.endpoint)
-        gen.result = result
+        gen.result = with_usage(result, data.get("usage") or {}, gen)
         return gen, text
 
     async def score(
