@@ -9,6 +9,8 @@ module and a `RouteMatch`, from each module's `ROUTES` (exact paths) and, for te
 no route serves (an unknown path, a body over the size limit). This package does no I/O and holds no session state.
 
 Beyond the shape in `nemo_polar.proxy.normalized` (additive, same in all four modules):
+- every `StreamRenderer` derives from `_common.StreamRendererBase`: one `feed` routes each event kind to the
+  dialect's hooks (`_text`, `_call`, `_args`), and `finish` catches up through the same hooks.
 - `StreamRenderer.finish(result)` first emits whatever of `result` the stream has not carried yet, so a renderer
   fed no events at all (a replayed or forced answer) renders the whole answer; tool calls are taken from `result`.
 - `StreamRenderer.error(err)` renders a mid-stream failure the provider's way (Anthropic `event: error`, Responses

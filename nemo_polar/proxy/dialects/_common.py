@@ -29,7 +29,7 @@ from typing import Any, NoReturn, TypeVar
 
 import orjson
 
-from nemo_polar.proxy.normalized import ChatResult, ProviderError, ToolCall
+from nemo_polar.proxy.normalized import ChatResult, ProviderError, StreamEvent, ToolCall
 
 EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
 MAX_TOKENS_LIMIT = 2**31 - 1  # token counts beyond int32 are a client mistake, not an engine error
@@ -496,3 +496,64 @@ class Catchup:
                 rest = ""
             out.append((i, tc, rest))
         return out
+
+
+class StreamRendererBase:
+    """What the four dialects' `StreamRenderer`s share: `feed` routes each `StreamEvent` kind to the dialect's
+    hooks after the stream's opening frames (`_start`), and `finish` catches up through the same hooks.
+
+    A dialect sets `_seen` (a `Catchup`), names its text and reasoning blocks (`_TEXT`, `_REASONING`: what its
+    `_text(kind, text)` is handed), and renders `_call` (a tool call starts), `_args` (a piece of its arguments, if
+    it streams them), `finish` and `error`. The hooks record what they send in `_seen`.
+    """
+
+    _TEXT = "text"
+    _REASONING = "reasoning"
+    _seen: Catchup
+
+    def _start(self) -> list[bytes]:
+        """The stream's opening frames, the first time only (none unless the dialect has some)."""
+        return []
+
+    def _text(self, kind: str, text: str) -> list[bytes]:
+        raise NotImplementedError
+
+    def _call(self, index: int, call_id: str, name: str) -> list[bytes]:
+        raise NotImplementedError
+
+    def _args(self, index: int, text: str) -> list[bytes]:
+        """A piece of a started call's arguments; by default kept for `finish`, nothing sent (the call goes out
+        whole at the end)."""
+        if index in self._seen.calls:
+            self._seen.calls[index][2] += text
+        return []
+
+    def feed(self, ev: StreamEvent) -> list[bytes]:
+        frames = self._start()
+        if ev.kind == "text" and ev.text:
+            frames += self._text(self._TEXT, ev.text)
+        elif ev.kind == "reasoning" and ev.text:
+            frames += self._text(self._REASONING, ev.text)
+        elif ev.kind == "tool_call":
+            frames += self._call(ev.index, ev.id or "", ev.name or "")
+        elif ev.kind == "tool_args":
+            frames += self._args(ev.index, ev.text)
+        return frames
+
+    def _catch_up_text(self, result: ChatResult) -> list[bytes]:
+        """The reasoning, then the text, of `result` that the stream has not carried."""
+        frames: list[bytes] = []
+        if rest := self._seen.missing_reasoning(result.reasoning):
+            frames += self._text(self._REASONING, rest)
+        if rest := self._seen.missing_text(result.content):
+            frames += self._text(self._TEXT, rest)
+        return frames
+
+    def _catch_up_calls(self, result: ChatResult) -> list[bytes]:
+        """The tool calls of `result` the stream has not started, and the arguments it has not carried."""
+        frames: list[bytes] = []
+        for i, tc, rest in self._seen.missing_calls(result):
+            if i not in self._seen.calls:
+                frames += self._call(i, tc.id, tc.name)
+            frames += self._args(i, rest)
+        return frames

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from nemo_polar.proxy.dialects import _common as common
-from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, RouteMatch, Sampling, StreamEvent
+from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, RouteMatch, Sampling
 from nemo_polar.types import Dialect
 
 DIALECT = Dialect.ANTHROPIC_MESSAGES
@@ -341,9 +341,11 @@ def render_response(result: ChatResult, req: ChatRequest) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ render stream
 
 
-class StreamRenderer:
+class StreamRenderer(common.StreamRendererBase):
     """Messages SSE for one streaming reply: thinking and text blocks stream live, one open at a time; tool_use
     blocks follow whole at `finish`."""
+
+    _REASONING = "thinking"
 
     def __init__(self, req: ChatRequest, response_id: str):
         self.req = req
@@ -433,17 +435,10 @@ class StreamRenderer:
             frames.append(self._delta(self._next_block - 1, delta))
         return frames
 
-    def feed(self, ev: StreamEvent) -> list[bytes]:
-        frames = self._start()
-        if ev.kind == "text" and ev.text:
-            frames += self._text("text", ev.text)
-        elif ev.kind == "reasoning" and ev.text:
-            frames += self._text("thinking", ev.text)
-        elif ev.kind == "tool_call":
-            frames += self._close()
-            self._seen.calls.setdefault(ev.index, [ev.id or "", ev.name or "", ""])
-        elif ev.kind == "tool_args" and ev.index in self._seen.calls:
-            self._seen.calls[ev.index][2] += ev.text
+    def _call(self, index: int, call_id: str, name: str) -> list[bytes]:
+        """A tool call starts: the open block closes; the call is kept for `finish` (tool_use blocks go out whole)."""
+        frames = self._close()
+        self._seen.calls.setdefault(index, [call_id, name, ""])
         return frames
 
     def finish(self, result: ChatResult) -> list[bytes]:
@@ -454,10 +449,7 @@ class StreamRenderer:
         instead of a partial_json stream no client can parse.
         """
         frames = self._start()
-        if rest := self._seen.missing_reasoning(result.reasoning):
-            frames += self._text("thinking", rest)
-        if rest := self._seen.missing_text(result.content):
-            frames += self._text("text", rest)
+        frames += self._catch_up_text(result)
         calls = [(t.id, t.name, t.arguments) for t in result.tool_calls]
         if not calls:
             calls = [(c[0], c[1], c[2]) for _, c in sorted(self._seen.calls.items())]

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from nemo_polar.proxy.dialects import _common as common
-from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, RouteMatch, Sampling, StreamEvent
+from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, RouteMatch, Sampling
 from nemo_polar.types import Dialect
 
 DIALECT = Dialect.GOOGLE_GENAI
@@ -399,7 +399,7 @@ def render_response(result: ChatResult, req: ChatRequest) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ render stream
 
 
-class StreamRenderer:
+class StreamRenderer(common.StreamRendererBase):
     """GenerateContentResponse chunks: `data:` lines (alt=sse) or the elements of a streamed JSON array.
 
     Text and thoughts go out as they come; a function call goes out whole once its arguments are complete (the
@@ -430,24 +430,25 @@ class StreamRenderer:
         self._pending = []
         return parts
 
-    def feed(self, ev: StreamEvent) -> list[bytes]:
-        if ev.kind == "text" and ev.text:
-            self._seen.text += ev.text
-            return [self._frame(_chunk([*self._flush_calls(), {"text": ev.text}], self.req, self.id, None))]
-        if ev.kind == "reasoning" and ev.text:
-            self._seen.reasoning += ev.text
-            parts = [*self._flush_calls(), {"text": ev.text, "thought": True}]
-            return [self._frame(_chunk(parts, self.req, self.id, None))]
-        if ev.kind == "tool_call" and ev.index not in self._seen.calls:
-            frames = []
-            if self._pending:
-                frames.append(self._frame(_chunk(self._flush_calls(), self.req, self.id, None)))
-            self._seen.calls[ev.index] = [ev.id or "", ev.name or "", ""]
-            self._pending.append(ev.index)
-            return frames
-        if ev.kind == "tool_args" and ev.index in self._seen.calls:
-            self._seen.calls[ev.index][2] += ev.text
-        return []
+    def _text(self, kind: str, text: str) -> list[bytes]:
+        if kind == "reasoning":
+            self._seen.reasoning += text
+            parts = [*self._flush_calls(), {"text": text, "thought": True}]
+        else:
+            self._seen.text += text
+            parts = [*self._flush_calls(), {"text": text}]
+        return [self._frame(_chunk(parts, self.req, self.id, None))]
+
+    def _call(self, index: int, call_id: str, name: str) -> list[bytes]:
+        """A tool call starts: the calls still pending go out (their arguments are complete); this one waits."""
+        if index in self._seen.calls:
+            return []
+        frames = []
+        if self._pending:
+            frames.append(self._frame(_chunk(self._flush_calls(), self.req, self.id, None)))
+        self._seen.calls[index] = [call_id, name, ""]
+        self._pending.append(index)
+        return frames
 
     def finish(self, result: ChatResult) -> list[bytes]:
         """Catch up on what was not streamed; the last chunk has the pending calls, finishReason and usage."""

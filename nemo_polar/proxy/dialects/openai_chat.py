@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from nemo_polar.proxy.dialects import _common as common
-from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, RouteMatch, Sampling, StreamEvent
+from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, RouteMatch, Sampling
 from nemo_polar.types import Dialect
 
 DIALECT = Dialect.OPENAI_CHAT
@@ -259,7 +259,7 @@ def render_response(result: ChatResult, req: ChatRequest) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ render stream
 
 
-class StreamRenderer:
+class StreamRenderer(common.StreamRendererBase):
     """`chat.completion.chunk` frames; the usage chunk (empty choices) before `[DONE]` when include_usage."""
 
     def __init__(self, req: ChatRequest, response_id: str):
@@ -289,6 +289,13 @@ class StreamRenderer:
         self._started = True
         return [self._chunk({"role": "assistant", "content": ""})]
 
+    def _text(self, kind: str, text: str) -> list[bytes]:
+        if kind == "reasoning":
+            self._seen.reasoning += text
+            return [self._chunk({"reasoning_content": text})]
+        self._seen.text += text
+        return [self._chunk({"content": text})]
+
     def _call(self, index: int, cid: str, name: str) -> list[bytes]:
         if index in self._seen.calls:  # an engine re-announcing a call: already started
             return []
@@ -305,31 +312,11 @@ class StreamRenderer:
         tc = {"index": self._out_index[index], "function": {"arguments": text}}
         return [self._chunk({"tool_calls": [tc]})]
 
-    def feed(self, ev: StreamEvent) -> list[bytes]:
-        frames = self._start()
-        if ev.kind == "text" and ev.text:
-            self._seen.text += ev.text
-            frames.append(self._chunk({"content": ev.text}))
-        elif ev.kind == "reasoning" and ev.text:
-            self._seen.reasoning += ev.text
-            frames.append(self._chunk({"reasoning_content": ev.text}))
-        elif ev.kind == "tool_call":
-            frames += self._call(ev.index, ev.id or "", ev.name or "")
-        elif ev.kind == "tool_args":
-            frames += self._args(ev.index, ev.text)
-        return frames
-
     def finish(self, result: ChatResult) -> list[bytes]:
         """Catch up on what was not streamed, then the finish chunk, the usage chunk (if asked) and [DONE]."""
         frames = self._start()
-        if rest := self._seen.missing_reasoning(result.reasoning):
-            frames.append(self._chunk({"reasoning_content": rest}))
-        if rest := self._seen.missing_text(result.content):
-            frames.append(self._chunk({"content": rest}))
-        for i, tc, rest in self._seen.missing_calls(result):
-            if i not in self._seen.calls:
-                frames += self._call(i, tc.id, tc.name)
-            frames += self._args(i, rest)
+        frames += self._catch_up_text(result)
+        frames += self._catch_up_calls(result)
         frames.append(self._chunk({}, finish_reason(result)))
         if self.req.include_usage:
             usage = {

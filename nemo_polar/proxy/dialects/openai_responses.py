@@ -22,7 +22,7 @@ from typing import Any
 from nemo_polar.proxy.dialects import _common as common
 from nemo_polar.proxy.dialects._responses_input import HOSTED_TOOLS, InputItems, ToolSet, flat_name
 from nemo_polar.proxy.dialects.openai_chat import openai_error_body
-from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, RouteMatch, Sampling, StreamEvent
+from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, RouteMatch, Sampling
 from nemo_polar.types import Dialect
 
 DIALECT = Dialect.OPENAI_RESPONSES
@@ -270,13 +270,15 @@ def render_response(result: ChatResult, req: ChatRequest) -> dict[str, Any]:
 # ------------------------------------------------------------------------------------------ render stream
 
 
-class StreamRenderer:
+class StreamRenderer(common.StreamRendererBase):
     """Responses SSE for one streaming reply.
 
     Reasoning and message items open one at a time and close when another kind starts; tool-call items stay open
     until `finish` (so interleaved argument deltas still land on their item). Custom tool calls are buffered and
     rendered whole at `finish` (their freeform input only exists once the argument JSON is complete).
     """
+
+    _TEXT = "message"
 
     def __init__(self, req: ChatRequest, response_id: str):
         self.req = req
@@ -423,31 +425,13 @@ class StreamRenderer:
         frames.append(self._ev("response.output_item.done", output_index=idx, item=item))
         return frames
 
-    def feed(self, ev: StreamEvent) -> list[bytes]:
-        frames = self._start()
-        if ev.kind == "text" and ev.text:
-            frames += self._text("message", ev.text)
-        elif ev.kind == "reasoning" and ev.text:
-            frames += self._text("reasoning", ev.text)
-        elif ev.kind == "tool_call":
-            frames += self._call(ev.index, ev.id or "", ev.name or "")
-        elif ev.kind == "tool_args":
-            frames += self._args(ev.index, ev.text)
-        return frames
-
     def finish(self, result: ChatResult) -> list[bytes]:
         """Catch up on what was not streamed, close every item, then `response.completed` with usage."""
         frames = self._start()
-        if rest := self._seen.missing_reasoning(result.reasoning):
-            frames += self._text("reasoning", rest)
-        if rest := self._seen.missing_text(result.content):
-            frames += self._text("message", rest)
+        frames += self._catch_up_text(result)
         if not self._output and not result.tool_calls:
             frames += self._text("message", "")
-        for i, tc, rest in self._seen.missing_calls(result):
-            if i not in self._calls:
-                frames += self._call(i, tc.id, tc.name)
-            frames += self._args(i, rest)
+        frames += self._catch_up_calls(result)
         frames += self._close()
         for index in sorted(self._calls, key=lambda k: self._calls[k][0]):
             frames += self._close_call(index)
