@@ -208,9 +208,35 @@ class OpenAIServerEngine:
         """The body fields that make this engine return token ids and logprobs (and stream when `stream`)."""
         raise NotImplementedError
 
+    reply_name = "upstream"  # how a malformed answer is named in its 502: "unexpected <reply_name> reply shape"
+
+    @classmethod
+    def parse_chat(cls, data: dict[str, Any], served_model: str, gen: Generation) -> ChatResult:
+        """The engine's non-streamed chat answer as a `ChatResult`: the engine's `token_data`, the message's fields,
+        the usage checked against the token data; a malformed answer is a retryable 502."""
+        try:
+            choice = data["choices"][0]
+            prompt_ids, generation_ids, log_probs = cls.token_data(data, choice, gen)
+            result = ChatResult(
+                **message_fields(choice.get("message") or {}),
+                finish_reason=choice.get("finish_reason") or "stop",
+                prompt_token_ids=prompt_ids,
+                generation_token_ids=generation_ids,
+                generation_log_probs=log_probs,
+                served_model=data.get("model") or served_model,
+                response_id=data.get("id") or "",
+            )
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise UpstreamError(
+                502, "api_error", f"unexpected {cls.reply_name} reply shape: {exc!r}", endpoint=gen.endpoint
+            ) from exc
+        return with_usage(result, data.get("usage") or {}, gen)
+
     @staticmethod
-    def parse_chat(data: dict[str, Any], served_model: str, gen: Generation) -> ChatResult:
-        """The engine's non-streamed chat answer as a `ChatResult` (token ids and logprobs included)."""
+    def token_data(
+        data: dict[str, Any], choice: dict[str, Any], gen: Generation
+    ) -> tuple[list[int], list[int], list[float]]:
+        """A chat answer's prompt token ids, generated token ids and their logprobs (`choice`: its first choice)."""
         raise NotImplementedError
 
     def stream_batches(self, call: EngineCall, gen: Generation) -> AsyncIterator[list[StreamEvent]]:

@@ -21,10 +21,8 @@ from nemo_polar.proxy.engines.base import (
     Generation,
     OpenAIServerEngine,
     UpstreamError,
-    message_fields,
-    with_usage,
 )
-from nemo_polar.proxy.normalized import ChatResult, ProviderError, StreamEvent
+from nemo_polar.proxy.normalized import ProviderError, StreamEvent
 
 __all__ = ["SGLangEngine"]
 
@@ -36,37 +34,24 @@ class SGLangEngine(OpenAIServerEngine):
         """Never streamed upstream (SGLang streams no token ids): `stream_batches` replays one `chat`."""
         return {"logprobs": True, "return_prompt_token_ids": True, "return_meta_info": True, "stream": False}
 
+    reply_name = "SGLang"
+
     @staticmethod
-    def parse_chat(data: dict[str, Any], served_model: str, gen: Generation) -> ChatResult:
-        try:
-            choice = data["choices"][0]
-            msg = choice.get("message") or {}
-            meta = choice.get("meta_info") or {}
-            ids: list[int] = []
-            lps: list[float] = []
-            for item in meta.get("output_token_logprobs") or ():
-                if isinstance(item, dict):
-                    lp, tid = item["logprob"], (item["token_id"] if "token_id" in item else item["id"])
-                else:
-                    lp, tid = item[0], item[1]
-                ids.append(int(tid))
-                lps.append(float(lp))
-            if choice.get("finish_reason") == "abort":
-                raise UpstreamError(502, "api_error", "SGLang aborted the generation", endpoint=gen.endpoint)
-            result = ChatResult(
-                **message_fields(msg),
-                finish_reason=choice.get("finish_reason") or "stop",
-                prompt_token_ids=choice.get("prompt_token_ids") or data.get("prompt_token_ids") or [],
-                generation_token_ids=ids,
-                generation_log_probs=lps,
-                served_model=data.get("model") or served_model,
-                response_id=data.get("id") or "",
-            )
-        except (KeyError, IndexError, TypeError, ValueError) as exc:
-            raise UpstreamError(
-                502, "api_error", f"unexpected SGLang reply shape: {exc!r}", endpoint=gen.endpoint
-            ) from exc
-        return with_usage(result, data.get("usage") or {}, gen)
+    def token_data(
+        data: dict[str, Any], choice: dict[str, Any], gen: Generation
+    ) -> tuple[list[int], list[int], list[float]]:
+        ids: list[int] = []
+        lps: list[float] = []
+        for item in (choice.get("meta_info") or {}).get("output_token_logprobs") or ():
+            if isinstance(item, dict):
+                lp, tid = item["logprob"], (item["token_id"] if "token_id" in item else item["id"])
+            else:
+                lp, tid = item[0], item[1]
+            ids.append(int(tid))
+            lps.append(float(lp))
+        if choice.get("finish_reason") == "abort":
+            raise UpstreamError(502, "api_error", "SGLang aborted the generation", endpoint=gen.endpoint)
+        return choice.get("prompt_token_ids") or data.get("prompt_token_ids") or [], ids, lps
 
     async def stream_batches(self, call: EngineCall, gen: Generation) -> AsyncIterator[list[StreamEvent]]:
         """One non-streaming upstream call (SGLang streams no token ids), its answer as one batch of events."""

@@ -26,7 +26,6 @@ from nemo_polar.proxy.engines.base import (
     Upstreams,
     check_alignment,
     check_token_data,
-    message_fields,
     with_usage,
 )
 from nemo_polar.proxy.engines.vllm_stream import StreamAccumulator
@@ -60,25 +59,15 @@ class VLLMEngine(OpenAIServerEngine):
     # -- non-streaming ----------------------------------------------------------------------------------------------
 
     @staticmethod
-    def parse_chat(data: dict[str, Any], served_model: str, gen: Generation) -> ChatResult:
-        try:
-            choice = data["choices"][0]
-            msg = choice.get("message") or {}
-            lp = choice.get("logprobs") or {}
-            result = ChatResult(
-                **message_fields(msg),
-                finish_reason=choice.get("finish_reason") or "stop",
-                prompt_token_ids=data.get("prompt_token_ids") or choice.get("prompt_token_ids") or [],
-                generation_token_ids=choice.get("token_ids") or [],
-                generation_log_probs=[c["logprob"] for c in (lp.get("content") or [])],
-                served_model=data.get("model") or served_model,
-                response_id=data.get("id") or "",
-            )
-        except (KeyError, IndexError, TypeError) as exc:
-            raise UpstreamError(
-                502, "api_error", f"unexpected upstream reply shape: {exc!r}", endpoint=gen.endpoint
-            ) from exc
-        return with_usage(result, data.get("usage") or {}, gen)
+    def token_data(
+        data: dict[str, Any], choice: dict[str, Any], gen: Generation
+    ) -> tuple[list[int], list[int], list[float]]:
+        lp = choice.get("logprobs") or {}
+        return (
+            data.get("prompt_token_ids") or choice.get("prompt_token_ids") or [],
+            choice.get("token_ids") or [],
+            [c["logprob"] for c in (lp.get("content") or [])],
+        )
 
     # -- streaming --------------------------------------------------------------------------------------------------
 
