@@ -109,7 +109,7 @@ def _check_inputs(harness: str) -> None:
     try:
         adapter = get_adapter(harness)
     except KeyError as exc:
-        raise TrainCommandError(f"unknown harness {harness!r}: {exc}") from exc
+        raise TrainCommandError(str(exc.args[0] if exc.args else exc)) from exc
     if not status(adapter).installed:
         missing.append(f"the {harness} CLI: run `polar harness install {harness}`")
     if missing:
