@@ -351,6 +351,39 @@ def declared_tool(t: dict[str, Any], path: str, schema_key: str) -> dict[str, An
     return function_tool(name, desc, schema_dict(t.get(schema_key), f"{path}.{schema_key}"))
 
 
+def allowed_tools(spec: dict[str, Any], path: str, extra: dict[str, Any]) -> str:
+    """An OpenAI `allowed_tools` choice (at `path`): its tools kept in `extra`, its mode (auto | required)
+    returned as the tool choice."""
+    mode = spec.get("mode", "auto")
+    if mode not in ("auto", "required"):
+        bad(f"{path}.mode: must be auto or required", param=f"{path}.mode")
+    extra["allowed_tools"] = spec.get("tools")
+    return mode
+
+
+def output_format(fmt: dict[str, Any], path: str, schema_at: str | None = None) -> dict[str, Any] | None:
+    """An OpenAI structured-output format (at `path`; a `json_schema`'s fields under `schema_at`, or beside `type`)
+    as Chat's `response_format`: None for plain text."""
+    kind = fmt.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return {"type": "json_object"}
+    if kind == "json_schema":
+        js: dict[str, Any] | None = fmt
+        if schema_at is not None:
+            path = f"{path}.{schema_at}"
+            js = opt_dict(fmt, schema_at, path, required=True)
+        assert js is not None
+        out: dict[str, Any] = {"name": req_str(js, "name", f"{path}.name", nonempty=True)}
+        out["schema"] = schema_dict(js.get("schema"), f"{path}.schema")
+        strict = opt_bool(js, "strict", f"{path}.strict")
+        if strict is not None:
+            out["strict"] = strict
+        return {"type": "json_schema", "json_schema": out}
+    bad(f"{path}.type: must be text, json_object or json_schema; got {kind!r}", param=f"{path}.type")
+
+
 class CallIds:
     """Maps provider tool-call ids to canonical `call_<n>` ids, in conversation order."""
 

@@ -181,37 +181,14 @@ def _tool_choice(v: Any, extra: dict[str, Any]) -> Any:
     if kind == "allowed_tools":
         allowed = common.opt_dict(v, "allowed_tools", "tool_choice.allowed_tools", required=True)
         assert allowed is not None
-        mode = allowed.get("mode", "auto")
-        if mode not in ("auto", "required"):
-            common.bad(
-                "tool_choice.allowed_tools.mode: must be auto or required", param="tool_choice.allowed_tools.mode"
-            )
-        extra["allowed_tools"] = allowed.get("tools")
-        return mode
+        return common.allowed_tools(allowed, "tool_choice.allowed_tools", extra)
     common.bad(f"tool_choice.type: must be function or allowed_tools; got {kind!r}", param="tool_choice.type")
 
 
 def _response_format(v: Any) -> dict[str, Any] | None:
     if v is None:
         return None
-    v = common.as_dict(v, "response_format")
-    kind = v.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return {"type": "json_object"}
-    if kind == "json_schema":
-        js = common.opt_dict(v, "json_schema", "response_format.json_schema", required=True)
-        assert js is not None
-        out: dict[str, Any] = {"name": common.req_str(js, "name", "response_format.json_schema.name", nonempty=True)}
-        out["schema"] = common.schema_dict(js.get("schema"), "response_format.json_schema.schema")
-        strict = common.opt_bool(js, "strict", "response_format.json_schema.strict")
-        if strict is not None:
-            out["strict"] = strict
-        return {"type": "json_schema", "json_schema": out}
-    common.bad(
-        f"response_format.type: must be text, json_object or json_schema; got {kind!r}", param="response_format.type"
-    )
+    return common.output_format(common.as_dict(v, "response_format"), "response_format", "json_schema")
 
 
 # ---------------------------------------------------------------------------------------- render response

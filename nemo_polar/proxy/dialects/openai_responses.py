@@ -115,11 +115,7 @@ def _tool_choice(v: Any, extra: dict[str, Any]) -> Any:
         ns = common.opt_str(v, "namespace", "tool_choice.namespace")
         return {"type": "function", "function": {"name": flat_name(ns, name) if ns else name}}
     if kind == "allowed_tools":
-        mode = v.get("mode", "auto")
-        if mode not in ("auto", "required"):
-            common.bad("tool_choice.mode: must be auto or required", param="tool_choice.mode")
-        extra["allowed_tools"] = v.get("tools")
-        return mode
+        return common.allowed_tools(v, "tool_choice", extra)
     if isinstance(kind, str) and (kind in HOSTED_TOOLS or kind.startswith("web_search")):
         return "auto"
     common.bad(f"tool_choice.type: unsupported tool choice {kind!r}", param="tool_choice.type")
@@ -139,21 +135,7 @@ def _text_format(v: Any) -> dict[str, Any] | None:
     if v is None:
         return None
     fmt = common.opt_dict(common.as_dict(v, "text"), "format", "text.format")
-    if fmt is None:
-        return None
-    kind = fmt.get("type")
-    if kind == "text":
-        return None
-    if kind == "json_object":
-        return {"type": "json_object"}
-    if kind == "json_schema":
-        out: dict[str, Any] = {"name": common.req_str(fmt, "name", "text.format.name", nonempty=True)}
-        out["schema"] = common.schema_dict(fmt.get("schema"), "text.format.schema")
-        strict = common.opt_bool(fmt, "strict", "text.format.strict")
-        if strict is not None:
-            out["strict"] = strict
-        return {"type": "json_schema", "json_schema": out}
-    common.bad(f"text.format.type: must be text, json_object or json_schema; got {kind!r}", param="text.format.type")
+    return None if fmt is None else common.output_format(fmt, "text.format")
 
 
 # ---------------------------------------------------------------------------------------- render response
