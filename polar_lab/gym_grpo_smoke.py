@@ -321,12 +321,17 @@ def run(
         report["times_s"] = {k: round(v, 2) for k, v in stage.times.items()}
         return report
     finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        if llm is not None:
-            llm.stop()
-        if ray_tmp is not None:
-            shutil.rmtree(ray_tmp, ignore_errors=True)
+        teardown(ray, llm, ray_tmp)
+
+
+def teardown(ray: Any, llm: Any, ray_tmp: str | None) -> None:
+    """End a run: the local Ray, the vLLM server, Ray's temporary folder (each only if it was started)."""
+    if ray.is_initialized():
+        ray.shutdown()
+    if llm is not None:
+        llm.stop()
+    if ray_tmp is not None:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 def _get_json(url: str, body: dict[str, Any] | None = None, timeout_s: float = 120) -> Any:

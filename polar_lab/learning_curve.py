@@ -391,12 +391,7 @@ def run(
                 partial.write_text(json.dumps(report, indent=1, default=str))
         return report
     finally:
-        if ray.is_initialized():
-            ray.shutdown()
-        if llm is not None:
-            llm.stop()
-        if ray_tmp is not None:
-            shutil.rmtree(ray_tmp, ignore_errors=True)
+        smoke.teardown(ray, llm, ray_tmp)
 
 
 def _one_step(
