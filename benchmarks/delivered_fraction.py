@@ -216,8 +216,8 @@ def report(rows: list[dict[str, Any]]) -> None:
         ["harness", "config", "chain", "calls", "share of calls", "generated tokens", "trainable tokens"],
         dropped_rows,
         note="`main (drift)`: a main-agent chain started because the re-rendered history no longer extends the "
-        "previous one token for token; `main (sibling)` / `main (None)`: a main call that does not extend the "
-        "delivered chain; `side` / `subagent`: the CLI's side calls and subagent conversations (their own chains; "
+        "previous one token for token; `main (truncated)`: a main call after one cut at max_tokens; `main (sibling)` / "
+        "`main (None)`: a main call that does not extend the delivered chain; `side` / `subagent`: the CLI's side calls and subagent conversations (their own chains; "
         "delivering them would need several samples per Gym row, which NeMo RL's Gym path does not take). Post-"
         "compaction chains would show as `post_compaction`; these short sessions never compact.",
     )
