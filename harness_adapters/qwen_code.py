@@ -25,6 +25,8 @@ SIDE_MARKERS = (
     "You are performing a managed memory dream",
     "You are selecting memories that will be useful",
 )
+# Qwen Code's JSON helper (its next-speaker check and other structured side queries) declares this one tool
+JSON_HELPER_TOOL = "respond_in_schema"
 
 
 class QwenCodeAdapter(HarnessAdapter):
@@ -87,7 +89,7 @@ class QwenCodeAdapter(HarnessAdapter):
         if any(m in system for m in SIDE_MARKERS):
             return CallKind.SIDE
         tools = tool_names(request)
-        if not tools:
+        if not tools or tools == {JSON_HELPER_TOOL}:
             return CallKind.SIDE
         return CallKind.MAIN if "agent" in tools else CallKind.SUBAGENT
 

@@ -228,6 +228,8 @@ def test_qwen_classification() -> None:
     assert c(_req(memory, ("read_file", "write_file", "edit"))) == CallKind.SIDE
     assert c(_req("You are Qwen Code", ("read_file", "grep_search"))) == CallKind.SUBAGENT
     assert c(_req("You are Qwen Code")) == CallKind.SIDE
+    # the next-speaker check goes through Qwen Code's JSON helper: one `respond_in_schema` tool, a side call
+    assert c(_req("You are Qwen Code", ("respond_in_schema",))) == CallKind.SIDE
 
 
 def test_opencode_classification() -> None:
