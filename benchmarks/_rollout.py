@@ -27,6 +27,25 @@ COUNTERS = ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total", "
 SAMPLING = {"max_tokens": 64, "temperature": 0.0}
 
 
+def missing_parts(script: str, harnesses: list[str]) -> int | None:
+    """Why `script` cannot run here, said once: 0 when the backend is not prepared (a noted skip), 2 when a harness
+    CLI is not installed; None when tiny-qwen3 and every harness are ready."""
+    from _tables import note
+    from nemo_polar.harness_adapters import get_adapter
+    from nemo_polar.harness_adapters.install import status as install_status
+
+    from nemo_polar.backend import is_prepared
+
+    if not is_prepared("tiny-qwen3"):
+        note(f"{script}: skipped, the backend is not prepared (`polar backend prepare`).")
+        return 0
+    missing = [h for h in harnesses if not install_status(get_adapter(h)).installed]
+    if missing:
+        print(f"{script}: not installed: {', '.join(missing)} (`polar harness install NAME`)", file=sys.stderr)
+        return 2
+    return None
+
+
 def parse_counters(text: str, names: tuple[str, ...] = COUNTERS) -> dict[str, float]:
     """Sum each named counter over its label sets in a Prometheus text exposition (missing names are 0)."""
     out = dict.fromkeys(names, 0.0)

@@ -48,8 +48,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from _rollout import REPO, Stack
-from _tables import note, table
+from _rollout import REPO, Stack, missing_parts
+from _tables import table
 
 from nemo_polar.runtime.sandbox import AGENT_HOME
 
@@ -277,20 +277,10 @@ def main(argv: list[str] | None = None) -> int:
         rows = [row for p in args.report.split(",") for row in json.loads(Path(p).read_text())]
         report(rows)
         return 0
-    from nemo_polar.harness_adapters import get_adapter
-    from nemo_polar.harness_adapters.install import status as install_status
+    from nemo_polar.backend import LocalVLLM
 
-    from nemo_polar.backend import LocalVLLM, is_prepared
-
-    if not is_prepared("tiny-qwen3"):
-        note("delivered_fraction: skipped, the backend is not prepared (`polar backend prepare`).")
-        return 0
-    missing = [h for h in args.harnesses if not install_status(get_adapter(h)).installed]
-    if missing:
-        print(
-            f"delivered_fraction: not installed: {', '.join(missing)} (`polar harness install NAME`)", file=sys.stderr
-        )
-        return 2
+    if (rc := missing_parts("delivered_fraction", args.harnesses)) is not None:
+        return rc
     engine = LocalVLLM("tiny-qwen3")
     try:
         engine.start()

@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _rollout import Stack, example_task, reset_prefix_cache, vllm_counters
+from _rollout import Stack, example_task, missing_parts, reset_prefix_cache, vllm_counters
 from _tables import note, table
 
 CONFIGS: dict[str, dict[str, Any]] = {
@@ -276,18 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         report(json.loads(Path(args.report).read_text()), args.task)
         return 0
-    from nemo_polar.harness_adapters import get_adapter
-    from nemo_polar.harness_adapters.install import status as install_status
+    from nemo_polar.backend import LocalVLLM
 
-    from nemo_polar.backend import LocalVLLM, is_prepared
-
-    if not is_prepared("tiny-qwen3"):
-        note("prefix_cache: skipped, the backend is not prepared (`polar backend prepare`).")
-        return 0
-    missing = [h for h in args.harnesses if not install_status(get_adapter(h)).installed]
-    if missing:
-        print(f"prefix_cache: not installed: {', '.join(missing)} (`polar harness install NAME`)", file=sys.stderr)
-        return 2
+    if (rc := missing_parts("prefix_cache", args.harnesses)) is not None:
+        return rc
     os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # the servers copy this environment: /reset_prefix_cache exists
     engines = [LocalVLLM("tiny-qwen3", extra_args=["--enable-prompt-tokens-details"]) for _ in range(args.engines)]
     try:

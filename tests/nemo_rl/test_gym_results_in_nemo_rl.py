@@ -87,6 +87,21 @@ def _nemo_rl_result(convert: ModuleType, session: SessionResult, reward: float, 
     return {**out, "full_result": full}
 
 
+def _postprocess_group(rollouts: Any, timer_cls: Any, results: list[Any], tokenizer: Any) -> Any:
+    """NeMo RL's own post-processing of one Gym group of two rows (`results`, in row order)."""
+
+    return rollouts._postprocess_single_nemo_gym_group(
+        [ROW, ROW],
+        results,
+        timer_cls(),
+        "test",
+        SimpleNamespace(cfg={"max_total_sequence_length": 4096}),
+        {"loss_multiplier": torch.ones(2)},
+        tokenizer,
+        False,
+    )
+
+
 def test_the_main_chain_becomes_nemo_rl_message_log_and_a_broken_chain_is_refused(
     convert: ModuleType, tokenizer: Any
 ) -> None:
@@ -123,16 +138,7 @@ def test_per_call_advantages_follow_the_polar_calls_through_nemo_rl_batching(
         _nemo_rl_result(convert, _session("s1", []), 1.0, tokenizer),
         _nemo_rl_result(convert, _session("s2", [13]), 0.0, tokenizer),
     ]
-    group = rollouts._postprocess_single_nemo_gym_group(
-        [ROW, ROW],
-        results,
-        Timer(),
-        "test",
-        SimpleNamespace(cfg={"max_total_sequence_length": 4096}),
-        {"loss_multiplier": torch.ones(2)},
-        tokenizer,
-        False,
-    )
+    group = _postprocess_group(rollouts, Timer, results, tokenizer)
     batch = group.final_batch
     assert [len(c) for c in batch["polar_calls"]] == [2, 2]
     add_grpo_token_loss_masks_and_generation_logprobs(batch["message_log"])
@@ -181,16 +187,7 @@ def test_delivery_metrics_reach_nemo_rl_rollout_metrics_and_a_dropped_chain_is_w
         results.append(result)
         expected.append(metrics["polar_delivered_tokens_fraction"])
     assert expected == [3 / 5, (3 + 2) / (5 + 2)]  # the side chain's 2 tokens are what is left out
-    group = rollouts._postprocess_single_nemo_gym_group(
-        [ROW, ROW],
-        results,
-        Timer(),
-        "test",
-        SimpleNamespace(cfg={"max_total_sequence_length": 4096}),
-        {"loss_multiplier": torch.ones(2)},
-        tokenizer,
-        False,
-    )
+    group = _postprocess_group(rollouts, Timer, results, tokenizer)
     logged = group.rollout_metrics
     assert logged["a/polar_delivered_tokens_fraction/mean"] == pytest.approx(sum(expected) / 2)
     assert logged["a/polar_undelivered_calls/mean"] == 1.0 and logged["a/polar_undelivered_tokens/max"] == 2.0
