@@ -177,7 +177,6 @@ def run(
     """`steps` GRPO steps; returns the per-step report (rewards, polar_calls, advantages, loss, versions, grads)."""
     import ray
     import torch
-    from nemo_polar.credit.nemo_rl import CallCreditAdvantageEstimator, install, uninstall
     from nemo_polar.credit.nemo_rl.gateways import CONTROL_TOKEN_ENV, GatewayAdmin
     from nemo_polar.credit.nemo_rl.patches import install_polar_calls_patch
     from nemo_polar.credit.nemo_rl.recipe import load_with_overrides
@@ -207,13 +206,7 @@ def run(
         config = load_with_overrides(SMOKE_RECIPE, list(OVERRIDES))
         master = grpo.MasterConfig(**config)
         install_polar_calls_patch(rollouts)
-        install(grpo)
-        try:
-            estimator = grpo._create_advantage_estimator(master)
-        finally:
-            uninstall(grpo)
-        if not isinstance(estimator, CallCreditAdvantageEstimator):
-            raise RuntimeError(f"the smoke recipe built {type(estimator).__name__}, not the CALL-CREDIT estimator")
+        estimator = call_credit_estimator(grpo, master)
         loss_fn = ClippedPGLossFn(master.loss_fn)
         setup_nemo_gym_config(SimpleNamespace(policy=config["policy"], env=config["env"]), None)
         generation_config = config["policy"]["generation"]
@@ -322,6 +315,21 @@ def run(
         return report
     finally:
         teardown(ray, llm, ray_tmp)
+
+
+def call_credit_estimator(grpo: Any, master: Any) -> Any:
+    """The advantage estimator NeMo RL's own factory builds for `master` with the plug-in installed; it must be
+    CALL-CREDIT (a recipe that selects another estimator is an error here)."""
+    from nemo_polar.credit.nemo_rl import CallCreditAdvantageEstimator, install, uninstall
+
+    install(grpo)
+    try:
+        estimator = grpo._create_advantage_estimator(master)
+    finally:
+        uninstall(grpo)
+    if not isinstance(estimator, CallCreditAdvantageEstimator):
+        raise RuntimeError(f"the recipe built {type(estimator).__name__}, not the CALL-CREDIT estimator")
+    return estimator
 
 
 def teardown(ray: Any, llm: Any, ray_tmp: str | None) -> None:

@@ -218,7 +218,6 @@ class Policy:
 def build_estimator(arm: Arm, lr_overrides: Sequence[str] = ()) -> tuple[Any, Any]:
     """(estimator, master config) from the shipped smoke recipe through NeMo RL's own factory: with the plug-in
     installed for CALL-CREDIT arms, without it (NeMo RL's GRPO estimator: outcome broadcast) for `grpo`."""
-    from nemo_polar.credit.nemo_rl import CallCreditAdvantageEstimator, install, uninstall
     from nemo_polar.credit.nemo_rl.recipe import load_with_overrides
     from nemo_rl.algorithms import grpo
     from nemo_rl.algorithms.advantage_estimator import GRPOAdvantageEstimator
@@ -232,14 +231,7 @@ def build_estimator(arm: Arm, lr_overrides: Sequence[str] = ()) -> tuple[Any, An
         if not isinstance(estimator, GRPOAdvantageEstimator):
             raise RuntimeError(f"NeMo RL's factory built {type(estimator).__name__}, not its GRPO estimator")
         return estimator, config
-    install(grpo)
-    try:
-        estimator = grpo._create_advantage_estimator(master)
-    finally:
-        uninstall(grpo)
-    if not isinstance(estimator, CallCreditAdvantageEstimator):
-        raise RuntimeError(f"the recipe built {type(estimator).__name__}, not the CALL-CREDIT estimator")
-    return estimator, config
+    return smoke.call_credit_estimator(grpo, master), config
 
 
 def mean_ci(values: Sequence[float]) -> tuple[float, float]:
