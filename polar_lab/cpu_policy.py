@@ -69,6 +69,29 @@ class FakeCpuPolicyWorker:
         out = torch.zeros(targets.shape, dtype=torch.float32)
         return out.index_put((rows, cols), torch.cat(values) if values else torch.zeros(0))
 
+    def train_data(
+        self,
+        flat: dict[str, torch.Tensor],
+        sample_mask: torch.Tensor,
+        advantages: torch.Tensor,
+        where: torch.Tensor | None = None,
+    ) -> dict[str, torch.Tensor]:
+        """NeMo RL's train_data for a flattened batch (`flat`: token_ids, token_loss_mask, generation_logprobs):
+        the current policy's logprobs (at `where`, [B, T-1]; everywhere when None) serve as prev and reference
+        logprobs, in NeMo RL's [B, T] layout (the loss reads [:, 1:])."""
+        with torch.no_grad():
+            prev = self.next_token_logprobs(flat["token_ids"], where=where)
+        prev = torch.cat([torch.zeros(prev.shape[0], 1), prev], dim=1)
+        return {
+            "input_ids": flat["token_ids"],
+            "token_mask": flat["token_loss_mask"].float(),
+            "sample_mask": sample_mask,
+            "advantages": advantages,
+            "prev_logprobs": prev,
+            "generation_logprobs": flat["generation_logprobs"].float(),
+            "reference_policy_logprobs": prev,
+        }
+
     def train_step(self, loss_fn: Any, data: dict[str, torch.Tensor]) -> StepResult:
         """One optimizer step on `data` (NeMo RL's train_data keys: input_ids, token_mask, sample_mask, advantages,
         prev_logprobs, generation_logprobs, reference_policy_logprobs)."""

@@ -262,18 +262,7 @@ def run(
                     prompt_ids, repeated["total_reward"], mask, repeated_batch=repeated
                 )
             with stage(f"step{step}/loss_and_optimizer"):
-                with torch.no_grad():
-                    prev = worker.next_token_logprobs(flat["token_ids"], where=mask[:, 1:] != 0)
-                prev = torch.cat([torch.zeros(prev.shape[0], 1), prev], dim=1)  # NeMo RL's [B, T] layout
-                data = {
-                    "input_ids": flat["token_ids"],
-                    "token_mask": flat["token_loss_mask"].float(),
-                    "sample_mask": sample_mask,
-                    "advantages": advantages,
-                    "prev_logprobs": prev,
-                    "generation_logprobs": flat["generation_logprobs"].float(),
-                    "reference_policy_logprobs": prev,
-                }
+                data = worker.train_data(flat, sample_mask, advantages, where=mask[:, 1:] != 0)
                 trained = worker.train_step(loss_fn, data)
             record_versions = record_policy_versions(
                 work / "polar-run", [c["record_id"] for calls in repeated["polar_calls"] for c in calls or []]

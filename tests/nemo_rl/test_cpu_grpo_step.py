@@ -94,18 +94,7 @@ def test_two_grpo_steps_on_cpu_through_nemo_rl_code(
         advantages = estimator.compute_advantage(prompt_ids, repeated["total_reward"], mask, repeated_batch=repeated)
         timings[f"step{step}/rollout_to_advantages"] = time.monotonic() - t1
         t2 = time.monotonic()
-        with torch.no_grad():
-            prev = worker.next_token_logprobs(flat["token_ids"])
-        prev = torch.cat([torch.zeros(prev.shape[0], 1), prev], dim=1)  # NeMo RL's [B, T] layout (loss reads [:, 1:])
-        data = {
-            "input_ids": flat["token_ids"],
-            "token_mask": flat["token_loss_mask"].float(),
-            "sample_mask": sample_mask,
-            "advantages": advantages,
-            "prev_logprobs": prev,
-            "generation_logprobs": flat["generation_logprobs"].float(),
-            "reference_policy_logprobs": prev,
-        }
+        data = worker.train_data(flat, sample_mask, advantages)
         before = [p.detach().clone() for p in worker.model.parameters()]
         result = worker.train_step(loss_fn, data)
         timings[f"step{step}/loss_and_optimizer"] = time.monotonic() - t2
