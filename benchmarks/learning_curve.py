@@ -239,6 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--shadow-per-request", default="call_credit", help="arms whose policies also train a per_request twin"
     )
+    ap.add_argument(
+        "--forced-tokens",
+        choices=("canonical", "grammar"),
+        default="canonical",
+        help="how the proxy spells forced and chosen steps (canonical: the tokenizer's own spelling, scored)",
+    )
     ap.add_argument("--threshold", type=float, default=0.6)
     ap.add_argument("--summarize", type=Path, default=None, help="only summarize this report (e.g. partial.json)")
     ap.add_argument("--max-minutes", type=float, default=30.0, help="start no step round after this (0: none)")
@@ -273,6 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             work, arms=arms, seeds=seeds, steps=args.steps, group=args.group, lr=args.lr,
             max_minutes=args.max_minutes or None, partial=work / "partial.json",
             shadow_per_request=[a for a in args.shadow_per_request.split(",") if a],
+            forced_tokens=args.forced_tokens,
         )  # fmt: skip
     report["threshold"] = args.threshold
     summary = summarize(report, args.threshold)

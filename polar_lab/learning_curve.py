@@ -267,6 +267,7 @@ def run(
     max_minutes: float | None = None,
     partial: Path | None = None,
     shadow_per_request: Sequence[str] = (),
+    forced_tokens: str = "canonical",
     log: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """`steps` GRPO steps for every (arm, seed), interleaved step by step on one vLLM and one Gym spin-up.
@@ -313,6 +314,7 @@ def run(
         "task": TASK_ID, "harness": "shell (tests/harness/tiny_agent.py)", "group": group, "lr": lr,
         "steps": steps, "seeds": list(seeds), "arms": list(arms), "choices": list(CHOICES),
         "refit": "in-place vLLM reload_weights (dev-mode /collective_rpc) between proxy pause/resume",
+        "forced_tokens": forced_tokens,
         "policies": {}, "setup_s": {},
     }  # fmt: skip
     llm: Any = None
@@ -339,6 +341,8 @@ def run(
         # a whole GRPO group at once (the default 2 run slots queue 5 sessions into three waves)
         swe_cfg = env_cfg["polar_swe"]["resources_servers"]["polar_swe"]
         swe_cfg.update({k: group for k in ("init_workers", "ready_buffer", "run_slots", "postrun_workers")})
+        # the forced reads and the decisive choice in the tokenizer's own spelling (the proxy's `forced_tokens`)
+        swe_cfg["forced_tokens"] = forced_tokens
         agent_cfg = env_cfg["polar_agent"]["responses_api_agents"]["polar_agent"]
         agent_cfg["sampling"] = {"max_tokens": 48, "temperature": 1.0}
         agent_cfg["agent_options"] = {"command_line": f"{sys.executable} {TINY_AGENT} {{instruction}}"}

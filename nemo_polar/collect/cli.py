@@ -53,6 +53,13 @@ def register(subparsers: Any) -> None:
         "--eot-token-ids are given; else off)",
     )
     p.add_argument("--sampling", default=None, help='sampling the proxy enforces, JSON (e.g. {"temperature": 1})')
+    p.add_argument(
+        "--forced-tokens",
+        choices=("grammar", "canonical"),
+        default="grammar",
+        help="forced and choose plan steps: grammar (spelled under a grammar, re-scored) | canonical (the "
+        "tokenizer's own spelling, scored; needs the model folder: the embedded backend or --model-dir)",
+    )
     p.add_argument("--embedded-model", default="tiny-qwen3", help="embedded backend model when no --upstream")
     p.add_argument("--plans", default="live", help="for example: tasks, one plan per sample: fix_plan,noop_plan,live")
     p.add_argument("--run-slots", type=int, default=2, help="concurrent agent sessions")

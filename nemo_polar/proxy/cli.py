@@ -52,6 +52,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--model-dir", default=None, help="tokenizer + chat template folder (for --prefix-preserving splice)"
     )
     p.add_argument(
+        "--forced-tokens",
+        choices=["grammar", "canonical"],
+        default="grammar",
+        help="forced and `choose` plan steps: grammar (the model spells the text under a grammar, re-scored) | "
+        "canonical (the tokenizer's own spelling, scored; needs --model-dir)",
+    )
+    p.add_argument(
         "--chat-template", default=None, help="chat template file vLLM was started with, if not the model's"
     )
     p.add_argument(
@@ -88,6 +95,9 @@ def _run(args: argparse.Namespace) -> int:
         except ValueError as exc:
             print(f"polar proxy: --upstream {url}: {exc} (e.g. http://127.0.0.1:8000)", file=sys.stderr)
             return 2
+    if args.forced_tokens == "canonical" and not args.model_dir:
+        print("polar proxy: --forced-tokens canonical needs --model-dir (the model's tokenizer)", file=sys.stderr)
+        return 2
     sampling: dict[str, Any] = json.loads(args.sampling) if args.sampling else {}
     # every flag but --upstream / --store is named as its ProxyConfig field
     cfg = ProxyConfig(

@@ -42,6 +42,11 @@ class ProxyConfig:
     # keeps the grammar's logprobs and says so in `upstream.log_probs_source`; forced tokens are masked from
     # training by default (`forced_policy: mask`), so only `forced_policy: keep` users need the re-scored values.
     rescore_forced_max_prompt_tokens: int = 2048
+    # How forced and `choose` plan steps are spelled in tokens: "grammar" (the engine generates the text under a
+    # grammar, in whatever tokenization the model samples, then it is re-scored) | "canonical" (the tokenizer's own
+    # spelling + the template's end of turn, scored by the engine; a `choose` step samples among its options by those
+    # scores). Canonical needs `model_dir`; it keeps a decision at the same token positions in every sample.
+    forced_tokens: str = "grammar"
     # vLLM streams: ask for this many tokens a chunk (the request field `stream_interval` of vLLM >= 0.32; a server's
     # own --stream-interval wins when larger). None: the server decides (the embedded backend runs with 8).
     # Fewer, larger chunks cost the proxy less CPU per token (docs/performance.md, long streams).

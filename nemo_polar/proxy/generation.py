@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, replace
 from typing import Any
@@ -25,7 +26,7 @@ from typing import Any
 from nemo_polar.proxy import plans
 from nemo_polar.proxy.config import ProxyConfig
 from nemo_polar.proxy.engines.base import Engine, EngineCall, Generation
-from nemo_polar.proxy.normalized import ProviderError, StreamEvent
+from nemo_polar.proxy.normalized import ChatResult, ProviderError, StreamEvent
 from nemo_polar.proxy.sessions import Session
 from nemo_polar.proxy.store import RecordStore
 from nemo_polar.types import CallKind, Origin
@@ -201,6 +202,8 @@ class Generator:
         # the grammar ends the generation with the forced text: a max_tokens cap could only truncate it
         call.sampling = {k: v for k, v in call.sampling.items() if k != "max_tokens"}
         call.sampling["chat_template_kwargs"] = ctk
+        if self.config.forced_tokens == "canonical":
+            return await self._canonical(ctx, text)
         extra: dict[str, Any] = {"structured_outputs": {"choice": choices}}
         prompt = await self._spliced_prompt(ctx)
         if prompt is not None:
@@ -230,6 +233,54 @@ class Generator:
                 gen.extra["log_probs_source"] = "prompt_logprobs"
             except ProviderError as exc:
                 gen.extra["log_probs_source"] = f"grammar (re-scoring failed: {exc.message})"
+        self._advance_tip(ctx, gen)
+        return gen
+
+    async def _canonical(self, ctx: CallContext, text: str | list[str]) -> Generation:
+        """`forced_tokens: canonical`: each text in the tokenizer's own spelling plus the template's end of turn,
+        scored by the engine (teacher forcing); a `choose` step samples one option by those scores.
+
+        Sampling an option with probability proportional to exp(log p(option) / temperature) is the model's own
+        distribution restricted to the options' canonical spellings, so a policy that learns to prefer one option
+        sees it at the same token positions in every sample (a grammar lets a model spell a text in many ways).
+        """
+        choices = [text] if isinstance(text, str) else text
+        call, splicer = ctx.call, self.splicer_for()
+        gen = Generation(sent_at=time.time())
+        prompt = await self._spliced_prompt(ctx)
+        if prompt is None:
+            prompt = await self.engine.tokenize(call)
+        else:
+            gen.extra["spliced"] = True
+        turn_end = splicer.turn_end_id()
+        options = [[*splicer.tokenizer.encode(c, add_special_tokens=False), turn_end] for c in choices]
+        scores = await asyncio.gather(
+            *(self.engine.score(prompt, ids, call.served_model, call.route_key) for ids in options)
+        )
+        gen.first_byte_at = gen.finished_at = time.time()
+        totals = [sum(s) for s in scores]
+        chosen = plans.sample_option(totals, call.sampling.get("temperature"), call.sampling.get("seed"))
+        content, reasoning, calls = plans.parse_hermes(choices[chosen])
+        gen.result = ChatResult(
+            content=content,
+            reasoning=reasoning,
+            tool_calls=calls,
+            finish_reason="tool_calls" if calls else "stop",
+            prompt_tokens=len(prompt),
+            completion_tokens=len(options[chosen]),
+            prompt_token_ids=list(prompt),
+            generation_token_ids=options[chosen],
+            generation_log_probs=list(scores[chosen]),
+            served_model=call.served_model,
+            response_id=f"polar-canonical-{uuid.uuid4().hex[:16]}",
+        )
+        gen.usage = {"prompt_tokens": len(prompt), "completion_tokens": len(options[chosen])}
+        gen.extra["log_probs_source"] = "prompt_logprobs (canonical spelling)"
+        if isinstance(text, str):
+            gen.extra["forced_text"] = text
+        else:
+            gen.extra["choices"] = text
+            gen.extra["choice"] = {"chosen": chosen, "log_probs": totals, "tokens": [len(o) for o in options]}
         self._advance_tip(ctx, gen)
         return gen
 

@@ -23,6 +23,8 @@ This module does no I/O.
 from __future__ import annotations
 
 import json
+import math
+import random
 import re
 import uuid
 from collections.abc import Mapping, Sequence
@@ -41,6 +43,7 @@ __all__ = [
     "pick_next_best",
     "record_from_inline",
     "result_from_record",
+    "sample_option",
 ]
 
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -205,3 +208,17 @@ def pick_next_best(candidates: Sequence[ChatResult], exclude: Mapping[str, Any] 
     pool = [i for i in range(len(candidates)) if not same[i]] or list(range(len(candidates)))
     best = max(pool, key=lambda i: (sum(candidates[i].generation_log_probs), -i))
     return best, same
+
+
+def sample_option(log_probs: Sequence[float], temperature: float | None, seed: int | None) -> int:
+    """An option index drawn with probability proportional to exp(log_prob / temperature) (temperature None: 1;
+    0: the most likely, ties to the lower index); a given `seed` draws the same index every time."""
+    if not log_probs:
+        raise ValueError("no options")
+    t = 1.0 if temperature is None else float(temperature)
+    if t <= 0:
+        return max(range(len(log_probs)), key=lambda i: (log_probs[i], -i))
+    top = max(log_probs)
+    weights = [math.exp((lp - top) / t) for lp in log_probs]
+    rng = random.Random(seed) if seed is not None else random.SystemRandom()
+    return rng.choices(range(len(log_probs)), weights=weights)[0]

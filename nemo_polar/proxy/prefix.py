@@ -61,6 +61,17 @@ class PrefixSplicer:
         if not self.eot_token_ids:
             raise ValueError(f"no end-of-turn token found for {model_dir}")
         self.eot_texts: list[str] = [str(self.tokenizer.convert_ids_to_tokens(i)) for i in self.eot_token_ids]
+        self._turn_end: int | None = None
+
+    def turn_end_id(self) -> int:
+        """The end-of-turn id the template closes an assistant turn with (ChatML: `<|im_end|>`)."""
+        if self._turn_end is None:
+            msgs = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a"}]
+            text = self.render(msgs, None, add_generation_prompt=False)
+            after = text[text.rfind("a") + 1 :]
+            hits = [(after.find(t), i) for i, t in enumerate(self.eot_texts) if t in after]
+            self._turn_end = self.eot_token_ids[min(hits)[1]] if hits else self.eot_token_ids[0]
+        return self._turn_end
 
     def render(
         self,

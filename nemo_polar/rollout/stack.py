@@ -66,7 +66,14 @@ class StackConfig(BaseModel):
     prefix_preserving: Literal["splice", "nemo_rl"] | None = Field(
         None, description="splice (stock vLLM, needs model_dir) | nemo_rl (required_prefix_token_ids) | None: off"
     )
-    model_dir: str | None = Field(None, description="the model's folder (tokenizer + chat template) for splice")
+    model_dir: str | None = Field(
+        None, description="the model's folder (tokenizer + chat template) for splice and canonical forced tokens"
+    )
+    forced_tokens: Literal["grammar", "canonical"] = Field(
+        "grammar",
+        description="forced and choose plan steps: grammar (the model spells the text under a grammar, re-scored) "
+        "| canonical (the tokenizer's own spelling, scored; needs model_dir)",
+    )
     eot_token_ids: list[int] | None = Field(None, description="end-of-turn ids (splice and the trajectory builders)")
     sampling: dict[str, Any] = Field(default_factory=dict, description="sampling the proxy enforces")
     routing: Literal["sticky", "round_robin"] = Field(
@@ -102,6 +109,8 @@ class StackConfig(BaseModel):
     def _check(self) -> StackConfig:
         if self.prefix_preserving == "splice" and not self.model_dir:
             raise ValueError("prefix_preserving=splice needs model_dir (the model's tokenizer and chat template)")
+        if self.forced_tokens == "canonical" and not self.model_dir:
+            raise ValueError("forced_tokens=canonical needs model_dir (the model's tokenizer)")
         if self.serve_rollout and self.server_url:
             raise ValueError("give either serve_rollout or server_url, not both")
         if not self.node_ids:
@@ -258,7 +267,16 @@ async def start_stack(config: StackConfig) -> Stack:
 # the options a user chooses, per part of the stack a command runs; a CLI that runs a part exposes all of its
 # options (tests/rollout/test_stack.py checks every CLI and the Gym config against this table)
 OPTION_GROUPS: dict[str, tuple[str, ...]] = {
-    "proxy": ("upstreams", "served_model", "prefix_preserving", "model_dir", "eot_token_ids", "sampling", "routing"),
+    "proxy": (
+        "upstreams",
+        "served_model",
+        "prefix_preserving",
+        "model_dir",
+        "eot_token_ids",
+        "sampling",
+        "routing",
+        "forced_tokens",
+    ),
     "server": ("max_attempts", "node_timeout_s"),
     "gateway": ("init_workers", "ready_buffer", "run_slots", "postrun_workers", "gateways", "work_dir"),
 }
@@ -290,6 +308,15 @@ _FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
             "choices": ("sticky", "round_robin"),
             "default": "sticky",
             "help": "several upstreams: sticky (each session stays on one; prefix-cache reuse) | round_robin",
+        },
+    ),
+    "forced_tokens": (
+        "--forced-tokens",
+        {
+            "choices": ("grammar", "canonical"),
+            "default": "grammar",
+            "help": "forced and choose plan steps: grammar (spelled under a grammar, re-scored) | canonical (the "
+            "tokenizer's own spelling, scored; needs --model-dir)",
         },
     ),
     "max_attempts": ("--max-attempts", {"type": int, "default": 2, "help": "attempts per sample"}),

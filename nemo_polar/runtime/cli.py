@@ -22,7 +22,7 @@ from nemo_polar.keywords import same_named
 from nemo_polar.rollout.stack import add_stack_flags, config_from_args
 from nemo_polar.rundir import RunDir
 
-PROXY_PASSTHROUGH = ("prefix_preserving", "model_dir", "eot_token_ids", "sampling")
+PROXY_PASSTHROUGH = ("prefix_preserving", "model_dir", "eot_token_ids", "sampling", "forced_tokens")
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -105,7 +105,7 @@ async def run_session(
     proxy_options: Mapping[str, Any] | None = None,
 ) -> SessionRun:
     """`proxy_options`: further proxy options of the stack (`prefix_preserving`, `model_dir`, `eot_token_ids`,
-    `sampling`: see `nemo_polar.rollout.stack.StackConfig`)."""
+    `sampling`, `forced_tokens`: see `nemo_polar.rollout.stack.StackConfig`)."""
     adapter = get_adapter(harness) if isinstance(harness, str) else harness
     stack_cfg = StackConfig(
         work_dir=str(out),

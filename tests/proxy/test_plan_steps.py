@@ -183,3 +183,23 @@ def test_choose_step_is_a_live_grammar_choice_among_resolved_options() -> None:
             {"tool": "write", "arguments": {"path": "/w/b", "content": "y"}},
         ]
     }
+
+
+def test_sample_option_draws_by_softmax_of_scores_and_argmax_at_temperature_zero() -> None:
+    """`choose` under `forced_tokens: canonical`: an option with probability ∝ exp(log p / T)."""
+    import math
+    import random
+
+    scores = [-3.0, -1.0, -1.0 - math.log(3.0)]  # probabilities 0.1065, 0.6738, 0.2246 (softmax)
+    rng = random.Random(0)
+    draws = [plans.sample_option(scores, 1.0, rng.randrange(1 << 30)) for _ in range(6000)]
+    freq = [draws.count(i) / len(draws) for i in range(3)]
+    z = sum(math.exp(s) for s in scores)
+    for f, s in zip(freq, scores, strict=True):
+        assert abs(f - math.exp(s) / z) < 0.025
+    hot = [plans.sample_option(scores, 4.0, rng.randrange(1 << 30)) for _ in range(3000)]
+    assert hot.count(1) / len(hot) < 0.5  # a higher temperature flattens the choice
+    assert plans.sample_option(scores, 0.0, None) == 1 and plans.sample_option([-1.0, -1.0], 0, None) == 0
+    assert plans.sample_option(scores, 1.0, 7) == plans.sample_option(scores, 1.0, 7)  # a seed repeats its draw
+    with pytest.raises(ValueError):
+        plans.sample_option([], 1.0, None)

@@ -184,3 +184,54 @@ def test_sticky_routing_and_failover_through_a_loopback_relay(vllm_qwen3, lt, tm
         assert last.error is None and last.upstream["endpoint"] == vllm_qwen3.base_url.rstrip("/")
         assert [a["endpoint"] for a in last.upstream["failover"]] == [relay_url]
     assert len(relayed) == n_relayed
+
+
+def test_canonical_forced_tokens_spell_forced_and_chosen_steps_as_the_tokenizer_does(vllm_qwen3, lt, tmp_path):
+    """`forced_tokens="canonical"`: a forced step's generation is the tokenizer's own spelling + end of turn, scored
+    by vLLM; a `choose` step picks one option by those scores and records exactly that option's canonical ids."""
+    from nemo_polar.proxy import plans
+
+    h = _serve(
+        lt,
+        tmp_path / "canonical",
+        [vllm_qwen3.base_url],
+        prefix_preserving="splice",
+        model_dir=str(vllm_qwen3.model_dir),
+        eot_token_ids=list(vllm_qwen3.eot_token_ids),
+        forced_tokens="canonical",
+    )
+    first, *options = [
+        {"tool": "run_shell_command", "arguments": {"command": c}} for c in ("ls", "cat a.py", "cat b.py", "ls -la")
+    ]
+    s = h.session(
+        sampling={"temperature": 1.0, "max_tokens": 12, "chat_template_kwargs": {"enable_thinking": False}},
+        plan={"version": 1, "steps": [first, {"choose": options}]},
+    )
+    c = openai.OpenAI(base_url=h.base_url + "/v1", api_key=s.api_key, max_retries=0)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Look around."}]
+    commands = []
+    for _ in range(2):
+        m = c.chat.completions.create(model="qwen3", messages=messages, tools=TOOLS).choices[0].message
+        (tc,) = m.tool_calls or []
+        commands.append(json.loads(tc.function.arguments)["command"])
+        messages.append(m.model_dump(exclude_none=True, exclude={"annotations", "audio", "refusal", "function_call"}))
+        messages.append({"role": "tool", "tool_call_id": tc.id, "content": "a.py b.py"})
+    forced, chosen = h.records(s.session_id)
+    tok = h.proxy._splicer.tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    texts = [plans.forced_text(o, "hermes") for o in options]
+    assert commands[0] == "ls"
+    canonical = [*tok.encode(plans.forced_text(first, "hermes"), add_special_tokens=False), im_end]
+    assert forced.generation_token_ids == canonical and forced.origin == "forced"
+    assert tok.decode(forced.prompt_token_ids).endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    choice = chosen.upstream["choice"]
+    k = choice["chosen"]
+    assert commands[1] == options[k]["arguments"]["command"] and chosen.origin == "live"
+    assert chosen.generation_token_ids == [*tok.encode(texts[k], add_special_tokens=False), im_end]
+    assert sum(chosen.generation_log_probs) == pytest.approx(choice["log_probs"][k])
+    assert _extends(forced, chosen) and chosen.upstream.get("spliced") is True and "spliced" not in forced.upstream
+    for r in (forced, chosen):
+        assert r.upstream["log_probs_source"].startswith("prompt_logprobs")
+        assert len(r.generation_log_probs) == len(r.generation_token_ids) and all(
+            x <= 0 for x in r.generation_log_probs
+        )

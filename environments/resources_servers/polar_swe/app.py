@@ -68,7 +68,14 @@ class PolarSweResourcesServerConfig(BaseResourcesServerConfig):
     prefix_preserving: Literal["splice", "nemo_rl"] | None = Field(
         default=None, description="None | splice (stock vLLM; needs model_dir) | nemo_rl"
     )
-    model_dir: str | None = Field(default=None, description="model directory (tokenizer + chat template) for splice")
+    model_dir: str | None = Field(
+        default=None, description="model directory (tokenizer + chat template) for splice and canonical forced tokens"
+    )
+    forced_tokens: Literal["grammar", "canonical"] = Field(
+        default="grammar",
+        description="forced and choose plan steps: grammar (spelled under a grammar, re-scored) | canonical "
+        "(the tokenizer's own spelling, scored; needs model_dir)",
+    )
     eot_token_ids: list[int] | None = None
     sampling: dict[str, Any] = Field(default_factory=dict, description="sampling the proxy enforces")
     routing: Literal["sticky", "round_robin"] = Field(
