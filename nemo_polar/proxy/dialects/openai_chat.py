@@ -162,14 +162,19 @@ def _tool(t: dict[str, Any], path: str) -> list[dict[str, Any]]:
     return [common.declared_tool(fn, f"{path}.function", "parameters")]
 
 
-def _tool_choice(v: Any, extra: dict[str, Any]) -> Any:
-    if v is None:
-        return None
+def tool_choice_mode(v: Any, objects: str) -> str | dict[str, Any] | None:
+    """OpenAI's `tool_choice` (Chat and Responses): None, a string mode (checked), or the object form to read on."""
+    if v is None or v in ("auto", "none", "required"):
+        return v  # type: ignore[no-any-return]
     if isinstance(v, str):
-        if v not in ("auto", "none", "required"):
-            common.bad(f"tool_choice: must be auto, none, required or a function; got {v!r}", param="tool_choice")
+        common.bad(f"tool_choice: must be auto, none, required or {objects}; got {v!r}", param="tool_choice")
+    return common.as_dict(v, "tool_choice")
+
+
+def _tool_choice(v: Any, extra: dict[str, Any]) -> Any:
+    v = tool_choice_mode(v, "a function")
+    if not isinstance(v, dict):
         return v
-    v = common.as_dict(v, "tool_choice")
     kind = v.get("type")
     if kind == "function":
         fn = common.opt_dict(v, "function", "tool_choice.function", required=True)

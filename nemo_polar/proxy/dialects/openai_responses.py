@@ -21,7 +21,7 @@ from typing import Any
 
 from nemo_polar.proxy.dialects import _common as common
 from nemo_polar.proxy.dialects._responses_input import HOSTED_TOOLS, InputItems, ToolSet, flat_name
-from nemo_polar.proxy.dialects.openai_chat import openai_error_body
+from nemo_polar.proxy.dialects.openai_chat import openai_error_body, tool_choice_mode
 from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, RouteMatch, Sampling
 from nemo_polar.types import Dialect
 
@@ -102,13 +102,9 @@ def _side_fields(d: dict[str, Any], extra: dict[str, Any]) -> None:
 
 
 def _tool_choice(v: Any, extra: dict[str, Any]) -> Any:
-    if v is None:
-        return None
-    if isinstance(v, str):
-        if v not in ("auto", "none", "required"):
-            common.bad(f"tool_choice: must be auto, none, required or an object; got {v!r}", param="tool_choice")
+    v = tool_choice_mode(v, "an object")
+    if not isinstance(v, dict):
         return v
-    v = common.as_dict(v, "tool_choice")
     kind = v.get("type")
     if kind in ("function", "custom"):
         name = common.check_tool_name(v.get("name"), "tool_choice.name")
