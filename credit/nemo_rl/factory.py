@@ -20,7 +20,6 @@ module level; the target module is imported when `install()` runs (or passed in,
 from __future__ import annotations
 
 import copy
-import importlib
 import logging
 import typing
 from collections.abc import Callable
@@ -33,6 +32,7 @@ from nemo_polar.loading import load_object
 from . import sync_metrics, training_state
 from .options import ESTIMATOR_NAME, ESTIMATOR_TARGET, as_plain, get_key
 from .pinned import FACTORY_NAME, GRPO_MODULE
+from .wrapping import resolve_module, unwrap, wrap
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +41,6 @@ _WRAPPED_FLAG = "__call_credit_wrapped__"
 
 class PluginNotLoadedError(PolarError, RuntimeError):
     """The config asks for a plug-in estimator but NeMo RL built another one (plain GRPO would run silently)."""
-
-
-def _module(grpo_module: ModuleType | str | None) -> ModuleType:
-    if isinstance(grpo_module, ModuleType):
-        return grpo_module
-    return importlib.import_module(grpo_module or GRPO_MODULE)
 
 
 def import_target(dotted: str) -> Any:
@@ -88,7 +82,7 @@ def check_chosen(estimator: Any, adv_config: Any) -> str:
 
 def allows_name_call_credit(grpo_module: ModuleType | str | None = None) -> bool:
     """Whether this NeMo RL's config model accepts `grpo.adv_estimator.name: call_credit` (a `str`, not a Literal)."""
-    module = _module(grpo_module)
+    module = resolve_module(grpo_module, GRPO_MODULE)
     model = getattr(module, "AdvEstimatorConfig", None)
     if model is None:
         grpo_config = getattr(module, "GRPOConfig", None)
@@ -115,17 +109,7 @@ def _with_tokenizer(adv_config: Any, master_config: Any) -> dict[str, Any]:
     return config
 
 
-def install(grpo_module: ModuleType | str | None = None) -> Callable[[Any], Any]:
-    """Wrap `<grpo_module>._create_advantage_estimator` (default: NeMo RL's) so YAML can select CALL-CREDIT.
-
-    Returns:
-        The wrapper now installed (calling `install()` again returns the same wrapper).
-    """
-    module = _module(grpo_module)
-    original = getattr(module, FACTORY_NAME)
-    if getattr(original, _WRAPPED_FLAG, False):
-        return original  # type: ignore[no-any-return]
-
+def _factory_wrapper(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
     def create_advantage_estimator(master_config: Any) -> Any:
         adv_config = get_key(get_key(master_config, "grpo"), "adv_estimator")
         target = requested_target(adv_config)
@@ -147,21 +131,30 @@ def install(grpo_module: ModuleType | str | None = None) -> Callable[[Any], Any]
         training_state.restore(estimator)  # ω co-evolution state from the checkpoint NeMo RL resumed from, if any
         return estimator
 
-    setattr(create_advantage_estimator, _WRAPPED_FLAG, True)
-    create_advantage_estimator.__wrapped__ = original  # type: ignore[attr-defined]
     create_advantage_estimator.last_chosen = None  # type: ignore[attr-defined]
-    setattr(module, FACTORY_NAME, create_advantage_estimator)
+    return create_advantage_estimator
+
+
+def install(grpo_module: ModuleType | str | None = None) -> Callable[[Any], Any]:
+    """Wrap `<grpo_module>._create_advantage_estimator` (default: NeMo RL's) so YAML can select CALL-CREDIT.
+
+    Returns:
+        The wrapper now installed (calling `install()` again returns the same wrapper).
+    """
+    module = resolve_module(grpo_module, GRPO_MODULE)
+    current = getattr(module, FACTORY_NAME)
+    wrapper = wrap(module, FACTORY_NAME, _factory_wrapper, _WRAPPED_FLAG)
+    if wrapper is current:
+        return wrapper  # already installed
     sync_metrics.install_sync_metrics(module)
     training_state.install_checkpoint_hooks()  # the estimator's state is written into every checkpoint
     log.info("CALL-CREDIT: wrapped %s.%s", module.__name__, FACTORY_NAME)
-    return create_advantage_estimator
+    return wrapper
 
 
 def uninstall(grpo_module: ModuleType | str | None = None) -> None:
     """Put the original factory back (no-op when not installed)."""
-    module = _module(grpo_module)
-    current = getattr(module, FACTORY_NAME)
-    if getattr(current, _WRAPPED_FLAG, False):
-        setattr(module, FACTORY_NAME, current.__wrapped__)
+    module = resolve_module(grpo_module, GRPO_MODULE)
+    unwrap(module, FACTORY_NAME, _WRAPPED_FLAG)
     sync_metrics.uninstall_sync_metrics(module)
     training_state.uninstall_checkpoint_hooks()

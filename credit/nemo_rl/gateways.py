@@ -36,6 +36,7 @@ from typing import Any
 from nemo_polar.errors import PolarError
 
 from .pinned import REFIT_NAME
+from .wrapping import wrap
 
 log = logging.getLogger(__name__)
 
@@ -136,23 +137,20 @@ class GatewayAdmin:
 
 def wrap_refit(grpo_module: ModuleType, admin: GatewayAdmin) -> Callable[..., Any]:
     """Wrap `<grpo_module>.refit_policy_generation` with pause → refit → policy_version → resume (idempotent)."""
-    original = getattr(grpo_module, REFIT_NAME)
-    if getattr(original, _WRAPPED_FLAG, False):
-        return original  # type: ignore[no-any-return]
 
-    def refit_policy_generation(*args: Any, **kwargs: Any) -> Any:
-        admin.pause()
-        try:
-            result = original(*args, **kwargs)
-        except BaseException:
-            admin.resume()  # the old weights are still serving: let rollouts continue, then re-raise
-            raise
-        admin.set_policy_version(admin.policy_version + 1)
-        admin.resume()
-        log.info("Polar gateways resumed at policy_version %d", admin.policy_version)
-        return result
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def refit_policy_generation(*args: Any, **kwargs: Any) -> Any:
+            admin.pause()
+            try:
+                result = original(*args, **kwargs)
+            except BaseException:
+                admin.resume()  # the old weights are still serving: let rollouts continue, then re-raise
+                raise
+            admin.set_policy_version(admin.policy_version + 1)
+            admin.resume()
+            log.info("Polar gateways resumed at policy_version %d", admin.policy_version)
+            return result
 
-    setattr(refit_policy_generation, _WRAPPED_FLAG, True)
-    refit_policy_generation.__wrapped__ = original  # type: ignore[attr-defined]
-    setattr(grpo_module, REFIT_NAME, refit_policy_generation)
-    return refit_policy_generation
+        return refit_policy_generation
+
+    return wrap(grpo_module, REFIT_NAME, make, _WRAPPED_FLAG)

@@ -29,6 +29,8 @@ import yaml
 
 from nemo_polar.errors import PolarError
 
+from .wrapping import wrap_if_present
+
 log = logging.getLogger(__name__)
 
 SPINUP_NAME = "spinup_nemo_gym_actor"
@@ -116,20 +118,16 @@ class HostedStacks:
 
 
 def capture_gym_actors(module: ModuleType, stacks: HostedStacks) -> Callable[..., Any] | None:
-    """Wrap `<module>.spinup_nemo_gym_actor` so every actor it spins up is handed to `stacks` (idempotent; None
-    when the module has no such function)."""
-    original = getattr(module, SPINUP_NAME, None)
-    if original is None:
-        return None
-    if getattr(original, _WRAPPED_FLAG, False):
-        original = original.__wrapped__
+    """Wrap `<module>.spinup_nemo_gym_actor` so every actor it spins up is handed to `stacks` (idempotent: a
+    second call replaces the wrapper, it never stacks a second one; None when the module has no such function)."""
 
-    def spinup_nemo_gym_actor(*args: Any, **kwargs: Any) -> Any:
-        actor = original(*args, **kwargs)
-        stacks.add_actor(actor)
-        return actor
+    def make(original: Callable[..., Any]) -> Callable[..., Any]:
+        def spinup_nemo_gym_actor(*args: Any, **kwargs: Any) -> Any:
+            actor = original(*args, **kwargs)
+            stacks.add_actor(actor)
+            return actor
 
-    setattr(spinup_nemo_gym_actor, _WRAPPED_FLAG, True)
-    spinup_nemo_gym_actor.__wrapped__ = original  # type: ignore[attr-defined]
-    setattr(module, SPINUP_NAME, spinup_nemo_gym_actor)
-    return spinup_nemo_gym_actor
+        return spinup_nemo_gym_actor
+
+    # rewrap: a second capture (another launch in this process) hands the actors to its own `stacks`
+    return wrap_if_present(module, SPINUP_NAME, make, _WRAPPED_FLAG, rewrap=True)

@@ -18,13 +18,13 @@ Does not: import `nemo_rl` at module level.
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from .pinned import GYM_GROUP_POSTPROCESS_NAME, ROLLOUTS_MODULE
+from .wrapping import resolve_module, wrap
 
 PATCH_ENV = "POLAR_CALLS_PATCH"
 _WRAPPED_FLAG = "__polar_calls_wrapped__"
@@ -32,24 +32,17 @@ _WRAPPED_FLAG = "__polar_calls_wrapped__"
 
 def install_polar_calls_patch(rollouts_module: ModuleType | str | None = None) -> Callable[..., Any]:
     """Wrap `_postprocess_single_nemo_gym_group` so each group's batch gets a `polar_calls` column (idempotent)."""
-    module = (
-        rollouts_module
-        if isinstance(rollouts_module, ModuleType)
-        else importlib.import_module(rollouts_module or ROLLOUTS_MODULE)
-    )
-    original = getattr(module, GYM_GROUP_POSTPROCESS_NAME)
-    if getattr(original, _WRAPPED_FLAG, False):
-        return original  # type: ignore[no-any-return]
+    module = resolve_module(rollouts_module, ROLLOUTS_MODULE)
+    return wrap(module, GYM_GROUP_POSTPROCESS_NAME, _postprocess_wrapper, _WRAPPED_FLAG)
 
+
+def _postprocess_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     def postprocess(nemo_gym_rows: Any, results: Any, *args: Any, **kwargs: Any) -> Any:
         calls = [(result.get("full_result") or {}).get("polar_calls") for result in results]
         out = original(nemo_gym_rows, results, *args, **kwargs)
         out.final_batch["polar_calls"] = calls
         return out
 
-    setattr(postprocess, _WRAPPED_FLAG, True)
-    postprocess.__wrapped__ = original  # type: ignore[attr-defined]
-    setattr(module, GYM_GROUP_POSTPROCESS_NAME, postprocess)
     return postprocess
 
 

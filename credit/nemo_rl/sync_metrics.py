@@ -21,6 +21,7 @@ from types import ModuleType
 from typing import Any
 
 from .pinned import GRPO_MODULE, GRPO_SYNC_MODULE, SYNC_METRICS_LOG_NAME
+from .wrapping import resolve_module, unwrap, wrap_if_present
 
 _WRAPPED_FLAG = "__call_credit_metrics_wrapped__"
 _last: list[weakref.ref[Any]] = []
@@ -36,11 +37,7 @@ def tracked() -> Any | None:
     return _last[0]() if _last else None
 
 
-def _wrap(module: ModuleType) -> Callable[..., Any] | None:
-    original = getattr(module, SYNC_METRICS_LOG_NAME, None)
-    if original is None or getattr(original, _WRAPPED_FLAG, False):
-        return original
-
+def _metrics_wrapper(original: Callable[..., Any]) -> Callable[..., Any]:
     def log_with_call_credit(logger: Any, total_steps: int, metrics: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         out = original(logger, total_steps, metrics, *args, **kwargs)
         estimator = tracked()
@@ -49,14 +46,11 @@ def _wrap(module: ModuleType) -> Callable[..., Any] | None:
             metrics.update(extra)
         return out
 
-    setattr(log_with_call_credit, _WRAPPED_FLAG, True)
-    log_with_call_credit.__wrapped__ = original  # type: ignore[attr-defined]
-    setattr(module, SYNC_METRICS_LOG_NAME, log_with_call_credit)
     return log_with_call_credit
 
 
 def _modules(grpo_module: ModuleType | None) -> list[ModuleType]:
-    modules = [grpo_module] if grpo_module is not None else [importlib.import_module(GRPO_MODULE)]
+    modules = [resolve_module(grpo_module, GRPO_MODULE)]
     if grpo_module is None or grpo_module.__name__ == GRPO_MODULE:
         try:
             modules.append(importlib.import_module(GRPO_SYNC_MODULE))
@@ -67,11 +61,13 @@ def _modules(grpo_module: ModuleType | None) -> list[ModuleType]:
 
 def install_sync_metrics(grpo_module: ModuleType | None = None) -> list[str]:
     """Wrap the synchronous trainers' advantage-logging function; returns the modules wrapped."""
-    return [m.__name__ for m in _modules(grpo_module) if _wrap(m) is not None]
+    return [
+        m.__name__
+        for m in _modules(grpo_module)
+        if wrap_if_present(m, SYNC_METRICS_LOG_NAME, _metrics_wrapper, _WRAPPED_FLAG) is not None
+    ]
 
 
 def uninstall_sync_metrics(grpo_module: ModuleType | None = None) -> None:
     for module in _modules(grpo_module):
-        current = getattr(module, SYNC_METRICS_LOG_NAME, None)
-        if getattr(current, _WRAPPED_FLAG, False):
-            setattr(module, SYNC_METRICS_LOG_NAME, current.__wrapped__)  # type: ignore[union-attr]
+        unwrap(module, SYNC_METRICS_LOG_NAME, _WRAPPED_FLAG, missing_ok=True)
