@@ -81,3 +81,21 @@ def test_resolve_module() -> None:
     assert resolve_module(None, "json") is json
     assert resolve_module("", "json") is json
     assert resolve_module("json", "os") is json
+
+
+def test_wrap_a_method_of_a_class() -> None:
+    class Manager:
+        def double(self, x: int) -> int:
+            return 2 * x
+
+    original = Manager.double
+
+    def plus_one(method: Callable[..., Any]) -> Callable[..., Any]:
+        def double(self: Manager, x: int) -> int:
+            return int(method(self, x)) + 1
+
+        return double
+
+    wrapper = wrap(Manager, "double", plus_one, FLAG)
+    assert wrap(Manager, "double", plus_one, FLAG) is wrapper and Manager().double(3) == 7  # bound to the instance
+    assert unwrap(Manager, "double", FLAG) is True and Manager.double is original and Manager().double(3) == 6

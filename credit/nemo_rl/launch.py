@@ -42,6 +42,7 @@ from nemo_polar.errors import PolarError
 from .pinned import ENTRY_SCRIPT, GRPO_MODULE, NEMO_RL_COMMIT, ROLLOUTS_MODULE
 from .recipe import OverrideError, load_with_overrides
 from .schema import MasterConfigSchema, validate_recipe
+from .wrapping import Wrapper, wrap
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ENVIRONMENTS_ROOT = REPO_ROOT / "environments"
@@ -191,21 +192,21 @@ def install_refit_hooks(
     return hosted
 
 
-def _inject_ray_setup_hook() -> None:
-    import ray
-
-    original = ray.init
-    if getattr(original, "__polar_hooked__", False):
-        return
-
+def _with_setup_hook(original: Wrapper) -> Wrapper:
     def init(*args: Any, **kwargs: Any) -> Any:
         runtime_env = dict(kwargs.get("runtime_env") or {})
         runtime_env.setdefault("worker_process_setup_hook", RAY_SETUP_HOOK)
         kwargs["runtime_env"] = runtime_env
         return original(*args, **kwargs)
 
-    init.__polar_hooked__ = True  # type: ignore[attr-defined]
-    ray.init = init
+    return init
+
+
+def _inject_ray_setup_hook() -> None:
+    """Wrap `ray.init` so every Ray worker runs `RAY_SETUP_HOOK` (its `runtime_env` hook unless one is set)."""
+    import ray
+
+    wrap(ray, "init", _with_setup_hook, "__polar_hooked__")
 
 
 def _entry_script(args: argparse.Namespace) -> Path:

@@ -33,6 +33,7 @@ from nemo_polar.credit.propagation import CreditAssignment, rv_rewards
 from nemo_polar.errors import PolarError
 
 from .options import TrainingOptions
+from .wrapping import Wrapper, is_wrapped, unwrap, wrap
 
 log = logging.getLogger(__name__)
 
@@ -231,18 +232,15 @@ def _tracked_state() -> TrainingState | None:
     return state if isinstance(state, TrainingState) else None
 
 
-def install_checkpoint_hooks(checkpoint_module: Any = None) -> bool:
-    """Wrap `CheckpointManager.init_tmp_checkpoint` (save) and `get_latest_checkpoint_path` (remember the resume
-    directory) of NeMo RL's checkpoint module; idempotent. False when the module is not importable."""
+def _checkpoint_module(checkpoint_module: Any) -> Any:
+    """`checkpoint_module`, else NeMo RL's checkpoint module; None when that is not importable."""
     try:
-        module = checkpoint_module or importlib.import_module(CHECKPOINT_MODULE)
+        return checkpoint_module or importlib.import_module(CHECKPOINT_MODULE)
     except ImportError:
-        return False
-    manager = module.CheckpointManager
-    init_tmp, latest = manager.init_tmp_checkpoint, manager.get_latest_checkpoint_path
-    if getattr(init_tmp, _WRAPPED_FLAG, False):
-        return True
+        return None
 
+
+def _saving_state(init_tmp: Wrapper) -> Wrapper:
     def init_tmp_checkpoint(self: Any, *args: Any, **kwargs: Any) -> Any:
         path = init_tmp(self, *args, **kwargs)
         state = _tracked_state()
@@ -250,28 +248,40 @@ def install_checkpoint_hooks(checkpoint_module: Any = None) -> bool:
             state.save(path)
         return path
 
+    return init_tmp_checkpoint
+
+
+def _remembering_resume(latest: Wrapper) -> Wrapper:
     def get_latest_checkpoint_path(self: Any) -> Any:
         path = latest(self)
         _resume[0] = None if path is None else str(path)
         return path
 
-    for wrapper, original in ((init_tmp_checkpoint, init_tmp), (get_latest_checkpoint_path, latest)):
-        setattr(wrapper, _WRAPPED_FLAG, True)
-        wrapper.__wrapped__ = original  # type: ignore[attr-defined]
-        setattr(manager, original.__name__, wrapper)
+    return get_latest_checkpoint_path
+
+
+def install_checkpoint_hooks(checkpoint_module: Any = None) -> bool:
+    """Wrap `CheckpointManager.init_tmp_checkpoint` (save) and `get_latest_checkpoint_path` (remember the resume
+    directory) of NeMo RL's checkpoint module; idempotent. False when the module is not importable."""
+    module = _checkpoint_module(checkpoint_module)
+    if module is None:
+        return False
+    manager = module.CheckpointManager
+    if is_wrapped(manager.init_tmp_checkpoint, _WRAPPED_FLAG):
+        return True
+    # the resume hook first: a manager without it raises before anything is patched
+    wrap(manager, "get_latest_checkpoint_path", _remembering_resume, _WRAPPED_FLAG)
+    wrap(manager, "init_tmp_checkpoint", _saving_state, _WRAPPED_FLAG)
     return True
 
 
 def uninstall_checkpoint_hooks(checkpoint_module: Any = None) -> None:
     """Put NeMo RL's `CheckpointManager` methods back (no-op when not installed or not importable)."""
-    try:
-        module = checkpoint_module or importlib.import_module(CHECKPOINT_MODULE)
-    except ImportError:
+    module = _checkpoint_module(checkpoint_module)
+    if module is None:
         return
     for name in ("init_tmp_checkpoint", "get_latest_checkpoint_path"):
-        current = getattr(module.CheckpointManager, name)
-        if getattr(current, _WRAPPED_FLAG, False):
-            setattr(module.CheckpointManager, name, current.__wrapped__)
+        unwrap(module.CheckpointManager, name, _WRAPPED_FLAG)
 
 
 def restore(estimator: Any, checkpoint_dir: str | Path | None = None) -> bool:

@@ -8,7 +8,8 @@ with the attribute `flag` and `__wrapped__ = original`, and sets it on the modul
 carries `flag` is left in place (or, with `rewrap=True`, replaced by a fresh wrapper of the function it wraps);
 `wrap_if_present()` patches nothing where the module lacks the function. `unwrap(module, name, flag)` puts
 `__wrapped__` back. Each caller keeps its own flag name, so a function wrapped
-by an earlier version of this package is still recognised.
+by an earlier version of this package is still recognised. `module` may also be a class (NeMo RL's
+`CheckpointManager` methods, `training_state.py`); `launch.py` wraps `ray.init` the same way.
 
 Does: patch one attribute of the module it is handed. Does not: import `nemo_rl` (a module given by dotted
 name is imported by `resolve_module()` when called), or patch modules that imported the function by name.
@@ -37,7 +38,7 @@ def is_wrapped(function: Any, flag: str) -> bool:
     return bool(getattr(function, flag, False))
 
 
-def wrap(module: ModuleType, name: str, make_wrapper: Maker, flag: str, *, rewrap: bool = False) -> Wrapper:
+def wrap(module: ModuleType | type, name: str, make_wrapper: Maker, flag: str, *, rewrap: bool = False) -> Wrapper:
     """Replace `<module>.<name>` by `make_wrapper(original)` marked with `flag` and `__wrapped__`.
 
     Returns:
@@ -58,7 +59,7 @@ def wrap(module: ModuleType, name: str, make_wrapper: Maker, flag: str, *, rewra
 
 
 def wrap_if_present(
-    module: ModuleType, name: str, make_wrapper: Maker, flag: str, *, rewrap: bool = False
+    module: ModuleType | type, name: str, make_wrapper: Maker, flag: str, *, rewrap: bool = False
 ) -> Wrapper | None:
     """`wrap()`, or None (nothing patched) when the module has no `name` (or it is None)."""
     if getattr(module, name, None) is None:
@@ -66,7 +67,7 @@ def wrap_if_present(
     return wrap(module, name, make_wrapper, flag, rewrap=rewrap)
 
 
-def unwrap(module: ModuleType, name: str, flag: str, *, missing_ok: bool = False) -> bool:
+def unwrap(module: ModuleType | type, name: str, flag: str, *, missing_ok: bool = False) -> bool:
     """Put back the function a `flag` wrapper at `<module>.<name>` wraps; False (no change) when none is there."""
     current: Any = getattr(module, name, None) if missing_ok else getattr(module, name)
     if not is_wrapped(current, flag):
