@@ -51,13 +51,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument(
         "--model-dir", default=None, help="tokenizer + chat template folder (for --prefix-preserving splice)"
     )
-    p.add_argument(
-        "--forced-tokens",
-        choices=["grammar", "canonical"],
-        default="grammar",
-        help="forced and `choose` plan steps: grammar (the model spells the text under a grammar, re-scored) | "
-        "canonical (the tokenizer's own spelling, scored; needs --model-dir)",
-    )
+    spelling = "forced/choose plan steps: grammar (spelled under a grammar) | canonical (needs --model-dir)"
+    p.add_argument("--forced-tokens", choices=["grammar", "canonical"], default="grammar", help=spelling)
     p.add_argument(
         "--chat-template", default=None, help="chat template file vLLM was started with, if not the model's"
     )

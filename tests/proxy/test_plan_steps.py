@@ -203,3 +203,15 @@ def test_sample_option_draws_by_softmax_of_scores_and_argmax_at_temperature_zero
     assert plans.sample_option(scores, 1.0, 7) == plans.sample_option(scores, 1.0, 7)  # a seed repeats its draw
     with pytest.raises(ValueError):
         plans.sample_option([], 1.0, None)
+
+
+def test_canonical_forced_tokens_without_a_model_dir_is_refused_where_it_is_set(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    """The tokenizer's spelling needs the model's tokenizer: `polar proxy` exits 2, a stack config is invalid."""
+    from nemo_polar.proxy.cli import main
+    from nemo_polar.rollout.stack import StackConfig
+
+    args = ["--upstream", "http://127.0.0.1:9", "--store", str(tmp_path), "--forced-tokens", "canonical"]
+    assert main(args) == 2
+    assert "--model-dir" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="forced_tokens=canonical needs model_dir"):
+        StackConfig(work_dir=str(tmp_path), upstreams=["http://127.0.0.1:9"], forced_tokens="canonical")
