@@ -7,8 +7,14 @@ pending write into one transaction, commits it, then resolves all their futures,
 fsync, not 64. Token arrays are stored compactly (`CompletionRecord.to_json(compact=True)`: base64 int32/float64).
 
 A record may first be written as *pending* (`put_pending`) when a call is admitted; `commit` replaces it with the
-final record. On `open`, pending rows left by a killed process become failure records (`error.type ==
-"interrupted"`), so a stream cut by a crash is still accounted for.
+final record. The placeholder holds what identifies the call and the caller's original request, not the normalised
+`request` (a second copy of the same prompt: for an 8k-token prompt half of the placeholder's bytes). On `open`,
+pending rows left by a killed process become failure records (`error.type == "interrupted"`, with the original
+request), so a stream cut by a crash is still accounted for.
+
+New databases use 8 KiB pages (SQLite's default is 4 KiB): a ~110 KB record (8k-token prompt) is half as many WAL
+frames, two `pwrite`s each, and batched commits of such records cost ~25 % less CPU; a 16 KB record (the 4.5 KB
+reference request) costs the same. An existing database keeps the page size it was created with.
 
 Sessions are persisted in the same database (a JSON blob per session) so they survive a restart.
 This module does no HTTP and knows nothing of dialects.
@@ -39,6 +45,7 @@ __all__ = ["DB_NAME", "RecordStore", "StoreClosed", "read_records"]
 log = logging.getLogger(__name__)
 
 DB_NAME = "records.sqlite"
+PAGE_SIZE = 8192  # bytes per SQLite page of a new database (module docstring)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -156,6 +163,7 @@ class RecordStore:
 
     def _connect(self, *, readonly: bool = False) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
+        conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # takes effect only while the database is still empty
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={'FULL' if self._fsync else 'NORMAL'}")
         if readonly:
@@ -203,7 +211,7 @@ class RecordStore:
             self._write_batch(self._inline_conn, batch)
 
     @staticmethod
-    def _record_op(record: CompletionRecord, state: str) -> tuple[Any, ...]:
+    def _record_op(record: CompletionRecord, state: str, data: bytes | None = None) -> tuple[Any, ...]:
         # serialised here, on the caller's thread: the writer thread then only runs SQL (which releases the GIL)
         return (
             "record",
@@ -212,12 +220,13 @@ class RecordStore:
             record.seq,
             state,
             0 if record.error is None else 1,
-            record_bytes(record),
+            record_bytes(record) if data is None else data,
         )
 
     def put_pending(self, record: CompletionRecord) -> asyncio.Future[None]:
-        """Write a placeholder for an admitted call (awaited before a stream's first byte leaves)."""
-        return self._submit(self._record_op(record, "pending"))
+        """Write a placeholder for an admitted call (awaited before a stream's first byte leaves): the record without
+        its normalised `request` (module docstring)."""
+        return self._submit(self._record_op(record, "pending", record_bytes(record, pending=True)))
 
     async def commit(self, record: CompletionRecord) -> None:
         """Durably write the final record (replacing its placeholder); returns once it is committed."""
@@ -384,8 +393,9 @@ def _f64(values: list[float]) -> str:
     return "b64:f64:" + base64.b64encode(struct.pack(f"<{len(values)}d", *values)).decode("ascii")
 
 
-def record_bytes(rec: CompletionRecord) -> bytes:
-    """`rec.to_json(compact=True)`, byte for byte in meaning, without walking nested dicts in Python."""
+def record_bytes(rec: CompletionRecord, *, pending: bool = False) -> bytes:
+    """`rec.to_json(compact=True)`, byte for byte in meaning, without walking nested dicts in Python; `pending`: a
+    placeholder's, with an empty `request`."""
     out: dict[str, Any] = {}
     for name in _FIELDS:
         v = getattr(rec, name)
@@ -393,6 +403,8 @@ def record_bytes(rec: CompletionRecord) -> bytes:
             v = _i32(v)
         elif name in _FLOAT_FIELDS:
             v = _f64(v)
+        elif pending and name == "request":
+            v = {}
         out[name] = v
     return orjson.dumps(out)
 

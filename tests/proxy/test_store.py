@@ -9,7 +9,7 @@ import sqlite3
 import pytest
 
 from nemo_polar.proxy.sessions import SessionManager
-from nemo_polar.proxy.store import RecordStore, record_bytes
+from nemo_polar.proxy.store import PAGE_SIZE, RecordStore, record_bytes
 from nemo_polar.types import CompletionRecord
 
 
@@ -52,21 +52,29 @@ def test_concurrent_commits_are_batched_and_round_trip(tmp_path, fsync):
     conn = sqlite3.connect(tmp_path / "records.sqlite")
     assert conn.execute("SELECT COUNT(*) FROM records").fetchone()[0] == 64
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert conn.execute("PRAGMA page_size").fetchone()[0] == PAGE_SIZE  # a new database's pages (store docstring)
 
 
 def test_pending_rows_become_interrupted_failures_on_reopen(tmp_path):
     store = RecordStore(tmp_path).open()
 
     async def main():
-        await store.put_pending(CompletionRecord(id="p1", session_id="s1", seq=0, dialect="openai_chat"))
+        pending = CompletionRecord(id="p1", session_id="s1", seq=0, dialect="openai_chat")
+        pending.original_request = {"messages": [{"role": "user", "content": "cut"}]}
+        pending.request = {"messages": [{"role": "user", "content": "cut"}], "sampling": {}}
+        await store.put_pending(pending)
         await store.commit(_rec(1))
 
     asyncio.run(main())
     assert [r.id for r in store.list_records("s1")] == ["r1"]  # pending rows are not listed
+    # the placeholder keeps the caller's request but not its normalised copy (one copy of the prompt on disk)
+    placeholder = store.list_records("s1", include_pending=True)[0]
+    assert placeholder.original_request["messages"][0]["content"] == "cut" and placeholder.request == {}
     store.close()
     again = RecordStore(tmp_path).open()
     recs = {r.id: r for r in again.list_records("s1")}
     assert recs["p1"].error["type"] == "interrupted"
+    assert recs["p1"].original_request["messages"][0]["content"] == "cut"
     assert recs["r1"].error is None
     assert again.session_stats("s1") == {"records": 2, "failed": 1, "next_seq": 2}
     again.close()
