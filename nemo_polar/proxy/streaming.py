@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The streamed reply: server-sent events in the caller's dialect, with the record committed before the last one.
 
-Order (docs/contracts.md, durability): a pending placeholder is on disk before the first byte leaves; each batch of
+Order (docs/contracts.md, durability): a pending placeholder (the record so far without its normalised request, which
+repeats the prompt: `RecordStore.put_pending`) is on disk before the first byte leaves; each batch of
 events that arrived together is rendered and written in one socket write (adjacent pieces of the same text merged
 into one delta; the headers leave with the first batch); the record is committed, and only then is the terminal
 event written, with the end of the body. A failure before the first
