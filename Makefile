@@ -39,7 +39,7 @@ train-smoke: venv nemo-rl
 	@$(POLAR) train --smoke
 
 # issue 24: GRPO learning curves (outcome broadcast vs CALL-CREDIT, 3 seeds; a per_request twin learner) through the
-# same real path, shell harness + tests/harness/tiny_agent.py, in-place vLLM weight reload; writes
+# same real path, shell harness + tests/harness/tiny_agent.py, vLLM restarted on each policy's weights; writes
 # benchmarks/learning_curve.{json,svg} and the RESULTS.md section text (benchmarks/learning_curve.md); ~35 min
 learning-curve: venv nemo-rl
 	@$(POLAR) backend prepare --models tiny-qwen3

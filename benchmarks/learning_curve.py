@@ -6,7 +6,7 @@
         [--lr LR] [--threshold T] [--quick] [--work-dir DIR] [--json OUT] [--svg OUT] [--markdown OUT]
 
 Runs in the NeMo RL venv (`bash scripts/nemo_rl_venv.sh | tail -n1`). The task, the harness, the arms and the
-in-place refit are `polar_lab/learning_curve.py`'s (docstring there). Per arm: reward per step (mean ± 95 %
+refit are `polar_lab/learning_curve.py`'s (docstring there). Per arm: reward per step (mean ± 95 %
 t-interval over seeds), trajectories sampled until the mean reward of two consecutive steps reaches `--threshold`
 (per seed; mean ± interval over the seeds that reached it, and how many did), final reward (mean of the last two
 steps), the share of |advantage| on the decisive call (calls weighted equally), the hacking rate (share of
@@ -226,6 +226,11 @@ def problems(report: dict[str, Any]) -> list[str]:
                 bad.append(f"{name} step {s['step']}: rewards {s['rewards']} disagree with choices {s['choices']}")
             if s["masked"] == len(s["rewards"]):
                 bad.append(f"{name} step {s['step']}: every sample masked (rollout failures)")
+            diff = s.get("served_vs_trainer_logprob_diff")
+            if diff is not None and diff > 1e-3:  # float32 on both sides: 1e-6 when the refit took
+                bad.append(
+                    f"{name} step {s['step']}: vLLM serves other weights than the trainer's (|Δ logprob| {diff:.3g})"
+                )
     return bad
 
 

