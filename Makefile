@@ -38,9 +38,9 @@ train-smoke: venv nemo-rl
 	@$(POLAR) harness install qwen_code
 	@$(POLAR) train --smoke
 
-# issue 24: GRPO learning curves (outcome broadcast vs CALL-CREDIT, 3 seeds; a per_request twin learner) through the
+# issue 24: GRPO learning curves (outcome broadcast vs CALL-CREDIT vs per_request + CALL-CREDIT, 3 seeds) through the
 # same real path, shell harness + tests/harness/tiny_agent.py, vLLM restarted on each policy's weights; writes
-# benchmarks/learning_curve.{json,svg} and the RESULTS.md section text (benchmarks/learning_curve.md); ~35 min
+# benchmarks/learning_curve.{json,svg} and the RESULTS.md section text (benchmarks/learning_curve.md); ~25 min
 learning-curve: venv nemo-rl
 	@$(POLAR) backend prepare --models tiny-qwen3
 	@NRL="$$(bash scripts/nemo_rl_venv.sh | tail -n1)" && env -u VIRTUAL_ENV -u PYTHONPATH \

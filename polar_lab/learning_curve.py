@@ -287,7 +287,7 @@ def run(
     seeds: Sequence[int],
     steps: int,
     group: int = 5,
-    lr: float = 2e-2,
+    lr: float = 5e-3,
     max_minutes: float | None = None,
     partial: Path | None = None,
     shadow_per_request: Sequence[str] = (),
