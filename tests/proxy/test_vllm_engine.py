@@ -65,6 +65,14 @@ def _serve(lt: LoopThread, tmp: Any, upstreams: list[str], **cfg: Any) -> ProxyH
     return h
 
 
+def _spliced(lt: LoopThread, tmp: Any, vllm: Any, **cfg: Any) -> ProxyHandle:
+    """A proxy on this vLLM with prefix-preserving splice (the model's tokenizer and end-of-turn ids)."""
+    return _serve(
+        lt, tmp, [vllm.base_url], prefix_preserving="splice", model_dir=str(vllm.model_dir),
+        eot_token_ids=list(vllm.eot_token_ids), **cfg,
+    )  # fmt: skip
+
+
 def _tool_loop(h: ProxyHandle) -> list[Any]:
     s = h.session(
         sampling={"temperature": 0.0, "max_tokens": 12, "chat_template_kwargs": {"enable_thinking": False}},
@@ -111,14 +119,7 @@ def test_prefix_preserving_three_turn_tool_loop_extends_token_for_token(vllm_qwe
     # the stock chat template re-renders history: the chain breaks (this is what the mode fixes)
     assert not _extends(recs[0], recs[1])
 
-    spliced = _serve(
-        lt,
-        tmp_path / "splice",
-        [vllm_qwen3.base_url],
-        prefix_preserving="splice",
-        model_dir=str(vllm_qwen3.model_dir),
-        eot_token_ids=list(vllm_qwen3.eot_token_ids),
-    )
+    spliced = _spliced(lt, tmp_path / "splice", vllm_qwen3)
     recs = _tool_loop(spliced)
     assert _extends(recs[0], recs[1]) and _extends(recs[1], recs[2])
     assert [bool(r.upstream.get("spliced")) for r in recs] == [False, True, True]
@@ -191,15 +192,7 @@ def test_canonical_forced_tokens_spell_forced_and_chosen_steps_as_the_tokenizer_
     by vLLM; a `choose` step picks one option by those scores and records exactly that option's canonical ids."""
     from nemo_polar.proxy import plans
 
-    h = _serve(
-        lt,
-        tmp_path / "canonical",
-        [vllm_qwen3.base_url],
-        prefix_preserving="splice",
-        model_dir=str(vllm_qwen3.model_dir),
-        eot_token_ids=list(vllm_qwen3.eot_token_ids),
-        forced_tokens="canonical",
-    )
+    h = _spliced(lt, tmp_path / "canonical", vllm_qwen3, forced_tokens="canonical")
     first, *options = [
         {"tool": "run_shell_command", "arguments": {"command": c}} for c in ("ls", "cat a.py", "cat b.py", "ls -la")
     ]
