@@ -30,28 +30,35 @@ from nemo_polar.proxy.normalized import ChatResult, StreamEvent, ToolCall
 __all__ = ["StreamAccumulator"]
 
 _CH = rb'[^"\\\x00-\x1f]'  # a character a JSON string holds as itself (no quote, backslash or control character)
-_STR = rb'"' + _CH + rb"*(?:\\." + _CH + rb'*)*"'  # a JSON string (unrolled: no per-character alternation)
-_CSTR = rb'"(' + _CH + rb"*(?:\\." + _CH + rb'*)*)"'
-_NUM = rb"-?(?:0|[1-9]\d*)(?:\.\d+)?(?:[eE][+-]?\d+)?"
-_LP = rb'\{"token":' + _STR + rb',"logprob":' + _NUM + rb'(?:,"bytes":(?:null|\[[\d,]*\]))?(?:,"top_logprobs":\[\])?\}'
+# possessive quantifiers (`*+`, `?+`): nothing here needs backtracking, and not recording it makes the scan ~30 % cheaper
+_STR = rb'"' + _CH + rb"*+(?:\\." + _CH + rb'*+)*+"'  # a JSON string (unrolled: no per-character alternation)
+_CSTR = rb'"(' + _CH + rb"*+(?:\\." + _CH + rb'*+)*+)"'
+_NUM = rb"-?+(?:0|[1-9]\d*+)(?:\.\d++)?+(?:[eE][+-]?+\d++)?+"
+_LP = (
+    rb'\{"token":'
+    + _STR
+    + rb',"logprob":'
+    + _NUM
+    + rb'(?:,"bytes":(?:null|\[[\d,]*+\]))?+(?:,"top_logprobs":\[\])?+\}'
+)
 _LP1 = _LP.replace(rb'"logprob":' + _NUM, rb'"logprob":(' + _NUM + rb")")  # the first entry, its logprob captured
 # one plain token chunk, in the key order of vLLM's `model_dump_json(exclude_unset=True)`; groups: kind, text,
 # logprob entries, the first entry's logprob, finish reason, token ids
 _TOKEN_CHUNK = (
-    rb'\{"id":' + _STR + rb',"object":"chat\.completion\.chunk","created":\d+,"model":' + _STR + rb","
-    rb'"choices":\[\{"index":0,"delta":\{(?:"role":"assistant",)?"(content|reasoning_content|reasoning)":'
+    rb'\{"id":' + _STR + rb',"object":"chat\.completion\.chunk","created":\d++,"model":' + _STR + rb","
+    rb'"choices":\[\{"index":0,"delta":\{(?:"role":"assistant",)?+"(content|reasoning_content|reasoning)":'
     + _CSTR
     + rb'\}(?:,"logprobs":(?:null|\{"content":\[('
     + _LP1
     + rb"(?:,"
     + _LP
-    + rb")*)?\]\}))?"
-    rb'(?:,"finish_reason":(?:null|"([a-z_]*)"))?(?:,"stop_reason":(?:null|\d+|' + _STR + rb"))?"
-    rb'(?:,"token_ids":\[(\d+(?:,\d+)*)?\])?\}\](?:,"(?:usage|prompt_token_ids|system_fingerprint)":null)*\}'
+    + rb")*+)?+\]\}))?+"
+    rb'(?:,"finish_reason":(?:null|"([a-z_]*+)"))?+(?:,"stop_reason":(?:null|\d++|' + _STR + rb"))?+"
+    rb'(?:,"token_ids":\[(\d++(?:,\d++)*+)?+\])?+\}\](?:,"(?:usage|prompt_token_ids|system_fingerprint)":null)*+\}'
 )
 # every `data:` line: (payload, kind, text, logprob entries, first logprob, finish, ids, other line); `payload` is
 # empty unless the line is a plain token chunk
-_LINE = re.compile(rb"^data: ?(?:(" + _TOKEN_CHUNK + rb")\r?$|([^\n]*))", re.M)
+_LINE = re.compile(rb"^data: ?+(?:(" + _TOKEN_CHUNK + rb")\r?$|([^\n]*+))", re.M)
 _LOGPROB = re.compile(rb'"logprob":([^,}]+)')  # over entries `_LP` already matched: each value is a JSON number
 _REASONING = {b"reasoning_content", b"reasoning"}
 
