@@ -5,6 +5,8 @@ per-read merge) the same events, whatever the mix of chunk shapes, escapes, toke
 what it cannot read exactly fails the same way.
 
 Streams are written the way vLLM writes them (compact JSON, its key order, `bytes` and `stop_reason` included).
+Every test runs with both line scanners: the C one (`_sse_scan.lines`, skipped when it is not built) and the regex
+it replaces (`_LINE.findall`, the fallback).
 """
 
 from __future__ import annotations
@@ -16,10 +18,22 @@ from typing import Any
 import orjson
 import pytest
 
+from nemo_polar.proxy.engines import vllm_stream
 from nemo_polar.proxy.engines.base import UpstreamError
 from nemo_polar.proxy.engines.vllm_stream import StreamAccumulator
 from nemo_polar.proxy.normalized import StreamEvent
 from nemo_polar.proxy.streaming import coalesce
+
+
+@pytest.fixture(autouse=True, params=["c", "regex"])
+def scanner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """`feed_block` with the C scanner, then with the regex fallback."""
+    if request.param == "regex":
+        monkeypatch.setattr(vllm_stream, "_lines", vllm_stream._LINE.findall)
+    elif vllm_stream.SCANNER != "c":
+        pytest.skip("the C line scanner (_sse_scan) is not built; the regex one is tested")
+    return str(request.param)
+
 
 HEAD = {"id": "chatcmpl-abc", "object": "chat.completion.chunk", "created": 1764600000, "model": "tiny-qwen3"}
 
