@@ -7,14 +7,17 @@ pending write into one transaction, commits it, then resolves all their futures,
 fsync, not 64. Token arrays are stored compactly (`CompletionRecord.to_json(compact=True)`: base64 int32/float64).
 
 A record may first be written as *pending* (`put_pending`) when a call is admitted; `commit` replaces it with the
-final record. The placeholder holds what identifies the call and the caller's original request, not the normalised
+final record, updating the placeholder's row in place (its index entries are not deleted and re-inserted). The
+placeholder holds what identifies the call and the caller's original request, not the normalised
 `request` (a second copy of the same prompt: for an 8k-token prompt half of the placeholder's bytes). On `open`,
 pending rows left by a killed process become failure records (`error.type == "interrupted"`, with the original
 request), so a stream cut by a crash is still accounted for.
 
-New databases use 8 KiB pages (SQLite's default is 4 KiB): a ~110 KB record (8k-token prompt) is half as many WAL
-frames, two `pwrite`s each, and batched commits of such records cost ~25 % less CPU; a 16 KB record (the 4.5 KB
-reference request) costs the same. An existing database keeps the page size it was created with.
+New databases use 16 KiB pages (SQLite's default is 4 KiB). Every page a commit touches is one WAL frame (two
+`pwrite`s) and is copied once more by the checkpoint, so a ~115 KB record (8k-token prompt) costs 8-13 % less CPU
+than with 8 KiB pages, and commits of several records 8-13 % less for every size; one 16 KB record (1k-token prompt)
+committed alone costs ~15 % more (its page, two index pages and the header page are each a whole frame).
+`benchmarks/store_cost.py` measures this. An existing database keeps the page size it was created with.
 
 Sessions are persisted in the same database (a JSON blob per session) so they survive a restart.
 This module does no HTTP and knows nothing of dialects.
@@ -45,7 +48,7 @@ __all__ = ["DB_NAME", "RecordStore", "StoreClosed", "read_records"]
 log = logging.getLogger(__name__)
 
 DB_NAME = "records.sqlite"
-PAGE_SIZE = 8192  # bytes per SQLite page of a new database (module docstring)
+PAGE_SIZE = 16384  # bytes per SQLite page of a new database (module docstring)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -101,6 +104,7 @@ class RecordStore:
         self._ckpt_stop = threading.Event()
         self.checkpoint_every_s = 1.0
         self._reader: sqlite3.Connection | None = None
+        self._pending_ids: set[str] = set()  # placeholders submitted and not yet replaced by their final record
         self._closed = True
         self.batches = 0
         self.writes = 0
@@ -211,7 +215,9 @@ class RecordStore:
             self._write_batch(self._inline_conn, batch)
 
     @staticmethod
-    def _record_op(record: CompletionRecord, state: str, data: bytes | None = None) -> tuple[Any, ...]:
+    def _record_op(
+        record: CompletionRecord, state: str, data: bytes | None = None, *, update: bool = False
+    ) -> tuple[Any, ...]:
         # serialised here, on the caller's thread: the writer thread then only runs SQL (which releases the GIL)
         return (
             "record",
@@ -221,16 +227,20 @@ class RecordStore:
             state,
             0 if record.error is None else 1,
             record_bytes(record) if data is None else data,
+            update,
         )
 
     def put_pending(self, record: CompletionRecord) -> asyncio.Future[None]:
         """Write a placeholder for an admitted call (awaited before a stream's first byte leaves): the record without
         its normalised `request` (module docstring)."""
+        self._pending_ids.add(record.id)
         return self._submit(self._record_op(record, "pending", record_bytes(record, pending=True)))
 
     async def commit(self, record: CompletionRecord) -> None:
         """Durably write the final record (replacing its placeholder); returns once it is committed."""
-        await self._submit(self._record_op(record, "done"))
+        update = record.id in self._pending_ids
+        self._pending_ids.discard(record.id)
+        await self._submit(self._record_op(record, "done", update=update))
 
     async def put_session(self, session_id: str, api_key: str, created_at: float, data: dict[str, Any]) -> None:
         """Insert or replace a session row."""
@@ -296,9 +306,20 @@ class RecordStore:
     @staticmethod
     def _apply(conn: sqlite3.Connection, op: tuple[Any, ...]) -> None:
         if op[0] == "record":
+            _, rid, session_id, seq, state, failed, data, update = op
+            # a placeholder's row is updated in place: its index entries stay, where INSERT OR REPLACE deletes the
+            # row and both index entries and inserts them again (a 1k-prompt stream at concurrency 1: ~25 % less
+            # CPU). No such row (the placeholder's write failed): a plain insert.
+            if update and (
+                conn.execute(
+                    "UPDATE records SET state = ?, failed = ?, data = ? WHERE id = ? AND session_id = ? AND seq = ?",
+                    (state, failed, data, rid, session_id, seq),
+                ).rowcount
+            ):
+                return
             conn.execute(
                 "INSERT OR REPLACE INTO records (id, session_id, seq, state, failed, data) VALUES (?, ?, ?, ?, ?, ?)",
-                op[1:],
+                (rid, session_id, seq, state, failed, data),
             )
         elif op[0] == "session":
             conn.execute(

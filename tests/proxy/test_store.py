@@ -104,3 +104,75 @@ def test_sessions_survive_restart_with_counters(tmp_path):
     assert s2.next_seq == 2 and s2.main_calls == 1
     assert mgr2.by_key("polar-unknown") is None
     store2.close()
+
+
+def test_a_streams_final_record_updates_its_placeholder_in_place(tmp_path):
+    """The final record of a stream rewrites the placeholder's row (same rowid, no delete and re-insert of its index
+    entries); what is read back is exactly the final record. A placeholder that is gone (its write failed) still
+    gets its final record."""
+    store = RecordStore(tmp_path).open()
+    db = sqlite3.connect(tmp_path / "records.sqlite", isolation_level=None)
+
+    def rowid(rid):
+        return db.execute("SELECT rowid FROM records WHERE id = ?", (rid,)).fetchone()
+
+    async def main():
+        placeholders = [
+            CompletionRecord(id=f"r{i}", session_id="s1", seq=i, dialect="openai_chat", original_request={"i": i})
+            for i in range(3)
+        ]
+        await asyncio.gather(*(store.put_pending(p) for p in placeholders))
+        before = {p.id: rowid(p.id) for p in placeholders}
+        await store.commit(_rec(5))  # a later, non-streamed call takes the next rowid
+        db.execute("DELETE FROM records WHERE id = 'r2'")  # as if the placeholder had not been written
+        await asyncio.gather(*(store.commit(_rec(i, original_request={"i": i})) for i in range(3)))
+        return before
+
+    before = asyncio.run(main())
+    assert rowid("r0") == before["r0"] and rowid("r1") == before["r1"]  # updated in place
+    assert rowid("r2") is not None and rowid("r2") != before["r2"]  # inserted anew
+    raw = store.list_records_raw("s1")
+    assert raw == [record_bytes(_rec(i, original_request={"i": i})) for i in range(3)] + [record_bytes(_rec(5))]
+    assert db.execute("SELECT state, failed FROM records WHERE id = 'r1'").fetchone() == ("done", 0)
+    assert store._pending_ids == set()
+    db.close()
+    store.close()
+
+
+@pytest.mark.parametrize("page_size", [4096, 8192])
+def test_a_store_created_with_other_pages_keeps_them_and_reads_back(tmp_path, page_size):
+    """A store made before the current page size (SQLite's 4 KiB default, then 8 KiB) opens as it is: its records
+    and a killed run's placeholder read back, and new writes (placeholder, then final) go into the same file."""
+    db = sqlite3.connect(tmp_path / "records.sqlite", isolation_level=None)
+    db.execute(f"PRAGMA page_size={page_size}")
+    db.execute("PRAGMA journal_mode=WAL")
+    # the schema those stores were created with
+    db.executescript(
+        "CREATE TABLE records (id TEXT PRIMARY KEY, session_id TEXT NOT NULL, seq INTEGER NOT NULL,"
+        " state TEXT NOT NULL, failed INTEGER NOT NULL, data BLOB NOT NULL);"
+        "CREATE INDEX records_by_session ON records (session_id, seq);"
+        "CREATE TABLE sessions (session_id TEXT PRIMARY KEY, api_key TEXT NOT NULL UNIQUE,"
+        " created_at REAL NOT NULL, data BLOB NOT NULL);"
+    )
+    placeholder = CompletionRecord(id="p0", session_id="s1", seq=0, dialect="openai_chat", original_request={"a": 1})
+    db.execute(
+        "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?)",
+        ("p0", "s1", 0, "pending", 0, record_bytes(placeholder, pending=True)),
+    )
+    db.execute("INSERT INTO records VALUES (?, ?, ?, ?, ?, ?)", ("r1", "s1", 1, "done", 0, record_bytes(_rec(1))))
+    db.close()
+    store = RecordStore(tmp_path).open()
+
+    async def main():
+        streamed = _rec(2)
+        await store.put_pending(streamed)
+        await store.commit(streamed)
+
+    asyncio.run(main())
+    got = store.list_records("s1")
+    assert [r.id for r in got] == ["p0", "r1", "r2"]
+    assert got[0].error["type"] == "interrupted" and got[0].original_request == {"a": 1}
+    assert got[1] == _rec(1) and got[2] == _rec(2)
+    store.close()
+    with sqlite3.connect(tmp_path / "records.sqlite") as conn:
+        assert conn.execute("PRAGMA page_size").fetchone()[0] == page_size
