@@ -12,8 +12,8 @@ write its own transaction; 16 / 64 = that many replies finishing in the same loo
 
 Columns, measured in the same run:
   store     the store as shipped, on a new database
-  old db    the same code on a database created with the previous layout (8 KiB pages, TEXT primary key + a
-            (session_id, seq) index, one table): what a store created before this layout costs
+  old db    the same code on a database created with 8 KiB pages (stores made before 16 KiB pages; same schema):
+            the page size's effect, in the same run
   floor     plain SQLite, same connection settings as the store: one `INSERT` of the same bytes per write into a
             one-B-tree table, autocommit per batch, no checkpoints (the WAL is left for the OS): what any durable
             SQLite record costs
@@ -48,7 +48,7 @@ from nemo_polar.types import CompletionRecord
 KINDS = {"1k prompt, 64 answer": (1000, 64), "8k prompt, 512 answer": (8000, 512)}
 BATCHES = (1, 16, 64)
 
-# the layout of stores created before the rowid schema (kept here to measure what such a store costs)
+# a store as created before 16 KiB pages (the schema is unchanged)
 OLD_SCHEMA = """
 PRAGMA page_size=8192;
 PRAGMA journal_mode=WAL;

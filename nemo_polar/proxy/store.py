@@ -14,10 +14,10 @@ pending rows left by a killed process become failure records (`error.type == "in
 request), so a stream cut by a crash is still accounted for.
 
 New databases use 16 KiB pages (SQLite's default is 4 KiB). Every page a commit touches is one WAL frame (two
-`pwrite`s) and is copied once more by the checkpoint, so a ~115 KB record (8k-token prompt) costs 8-13 % less CPU
-than with 8 KiB pages, and commits of several records 8-13 % less for every size; one 16 KB record (1k-token prompt)
-committed alone costs ~15 % more (its page, two index pages and the header page are each a whole frame).
-`benchmarks/store_cost.py` measures this. An existing database keeps the page size it was created with.
+`pwrite`s) and is copied once more by the checkpoint: against 8 KiB pages, commits of several records cost ~10 % less
+CPU (16 KB and ~115 KB records: 1k- and 8k-token prompts), one ~115 KB record committed alone the same, one 16 KB
+record alone ~18 % more (its page, two index pages and the header page are each a whole frame). Measured by
+`benchmarks/store_cost.py`. An existing database keeps the page size it was created with.
 
 Sessions are persisted in the same database (a JSON blob per session) so they survive a restart.
 This module does no HTTP and knows nothing of dialects.
