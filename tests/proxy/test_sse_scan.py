@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The C line scanner (`engines/_sse_scan.c`) returns exactly what the regex it replaces returns.
+"""The C scanner (`engines/_sse_scan.c`) returns exactly what the regex it replaces returns.
 
-`_sse_scan.lines(block)` must equal `vllm_stream._LINE.findall(block)` on any block: token chunks in every shape the
-pattern allows (escapes, non-ASCII, several tokens, the three kinds, `bytes`, `stop_reason`, finish reasons, the
+`_sse_scan.lines(block)` must equal `vllm_stream._LINE.findall(block)`, and `_sse_scan.segments(block)` the segments
+`_segments_py` builds from those rows, on any block: token chunks in every shape the pattern allows (escapes, non-ASCII, several tokens, the three kinds, `bytes`, `stop_reason`, finish reasons, the
 trailing null keys), the same chunks mutated, truncated or garbled one byte at a time, CRLF, other SSE lines, and a
 last line without its newline. The corpus is seeded: a failure names its seed and is reproducible.
 """
@@ -21,7 +21,7 @@ import pytest
 
 from nemo_polar.proxy.engines import vllm_stream
 from nemo_polar.proxy.engines.base import UpstreamError
-from nemo_polar.proxy.engines.vllm_stream import _LINE, StreamAccumulator
+from nemo_polar.proxy.engines.vllm_stream import _LINE, StreamAccumulator, _run_rows, _segments_py
 
 try:
     from nemo_polar.proxy.engines import _sse_scan
@@ -31,6 +31,7 @@ except ImportError:
 needs_c = pytest.mark.skipif(_sse_scan is None, reason="the C line scanner (_sse_scan) is not built")
 
 TEXTS = ["", "w", 'say "hi"', "back\\slash", "tab\tnl\n", "café ☕", "😀", "\x01\x1f\x7f", "\\u", "/"]
+U_ESCAPES = ['"\\u00e9"', '"\\ud83d"', '"\\ude00x"', '"a\\\\u"']  # as JSON: a pair split over two chunks too
 NUMBERS = ["-0.0", "0", "-1", "-1.5", "-2.5e-05", "1E+5", "-3e2", "-0.03125", "12", "-9.75E-3"]
 # bytes that steer the pattern: quotes, escapes, separators, digits, exponents, control and non-ASCII bytes
 MUTATIONS = [
@@ -85,7 +86,8 @@ def _chunk(rng: random.Random) -> str:
     out = '{"id":' + _s(rng.choice(["chatcmpl-1", 'a"b'])) + ',"object":"chat.completion.chunk","created":'
     out += str(rng.randrange(10**10)) + ',"model":' + _s(rng.choice(["m", "qwen/é"])) + ","
     out += '"choices":[{"index":0,"delta":{' + rng.choice(["", '"role":"assistant",'])
-    out += _s(rng.choice(["content", "reasoning_content", "reasoning"])) + ":" + _s(rng.choice(TEXTS)) + "}"
+    text = _s(rng.choice(TEXTS)) if rng.random() < 0.8 else rng.choice(U_ESCAPES)
+    out += _s(rng.choice(["content", "reasoning_content", "reasoning"])) + ":" + text + "}"
     n = rng.choice([0, 1, 1, 2, 8])
     logprobs = '{"content":[' + ",".join(_entry(rng) for _ in range(n)) + "]}"
     out += rng.choice(["", ',"logprobs":null', ',"logprobs":' + logprobs, ',"logprobs":' + logprobs])
@@ -110,11 +112,11 @@ def _mutate(line: bytes, rng: random.Random) -> bytes:
     return line[:k] + line[k + 1 :]  # one byte dropped
 
 
-def _block(seed: int, lines: int = 120) -> bytes:
+def _block(seed: int, lines: int = 120, *, mutate: bool = True) -> bytes:
     rng = random.Random(seed)
     out: list[bytes] = []
     for _ in range(lines):
-        roll = rng.random()
+        roll = rng.random() if mutate else 1.0
         if roll < 0.1:
             line = rng.choice(OTHER_LINES)
         else:
@@ -137,10 +139,33 @@ def test_lines_equal_the_regex_on_a_random_corpus(seed: int) -> None:
         assert _sse_scan.lines(block[:cut]) == _LINE.findall(block[:cut]), (seed, cut)
 
 
+def _same_segments(block: bytes) -> None:
+    """`segments` equals `_segments_py`; a run's rows are where it says they are."""
+    got, want = _sse_scan.segments(block), _segments_py(block)
+    assert [type(x) for x in got] == [type(x) for x in want]
+    for c, py in zip(got, want, strict=True):
+        if isinstance(py, bytes):
+            assert c == py
+        else:
+            assert c[1:] == py[1:]
+            assert _run_rows(c, block) == py[0]
+
+
+@needs_c
+@pytest.mark.parametrize("seed", range(25))
+def test_segments_equal_the_regex_ones_on_a_random_corpus(seed: int) -> None:
+    block = _block(seed)
+    _same_segments(block)
+    clean = _block(seed, mutate=False)  # long runs, kinds changing within them
+    _same_segments(clean)
+    for cut in random.Random(seed).sample(range(len(block)), 10):
+        _same_segments(block[:cut])
+
+
 @needs_c
 def test_lines_equal_the_regex_on_edge_blocks() -> None:
     chunk = b"data: " + _chunk(random.Random(0)).encode()
-    blocks: list[bytes] = [
+    blocks: list[bytes | bytearray] = [
         b"",
         b"\n",
         b"data",
@@ -160,14 +185,18 @@ def test_lines_equal_the_regex_on_edge_blocks() -> None:
     ]
     for block in blocks:
         assert _sse_scan.lines(block) == _LINE.findall(block), block
+        _same_segments(bytes(block))
     with pytest.raises(TypeError):
         _sse_scan.lines("data: x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        _sse_scan.segments("data: x")  # type: ignore[arg-type]
 
 
 @needs_c
 def test_lines_equal_the_regex_on_the_captured_vllm_stream() -> None:
     block = (Path(__file__).parents[1] / "data" / "vllm_stream" / "tiny_qwen3_040_tokens.sse").read_bytes()
     assert _sse_scan.lines(block) == _LINE.findall(block)
+    _same_segments(block)
 
 
 def _fold(block: bytes) -> object:
@@ -186,7 +215,7 @@ def test_the_accumulator_folds_the_same_with_either_scanner(seed: int, monkeypat
     first = b'data: {"id":"r","object":"chat.completion.chunk","created":1,"model":"m","choices":[]}\n'
     block = first + b"".join(b"data: " + _chunk(rng).encode() + b"\n\n" for _ in range(60))
     via_c = _fold(block)
-    monkeypatch.setattr(vllm_stream, "_lines", _LINE.findall)
+    monkeypatch.setattr(vllm_stream, "_segments", _segments_py)
     assert _fold(block) == via_c
 
 
@@ -205,7 +234,7 @@ def test_without_the_extension_the_regex_scanner_is_used() -> None:
     probe = (
         "import sys; sys.modules['nemo_polar.proxy.engines._sse_scan'] = None\n"
         "from nemo_polar.proxy.engines import vllm_stream as v\n"
-        "assert v.SCANNER == 'regex' and v._lines == v._LINE.findall, v.SCANNER\n"
+        "assert v.SCANNER == 'regex' and v._segments is v._segments_py, v.SCANNER\n"
         "acc = v.StreamAccumulator('m')\n"
         'acc.feed_block(b\'data: {"id":"r","choices":[]}\\ndata: [DONE]\\n\', None)\n'
         "assert acc.done and acc.rid == 'r'\n"

@@ -5,8 +5,8 @@ per-read merge) the same events, whatever the mix of chunk shapes, escapes, toke
 what it cannot read exactly fails the same way.
 
 Streams are written the way vLLM writes them (compact JSON, its key order, `bytes` and `stop_reason` included).
-Every test runs with both line scanners: the C one (`_sse_scan.lines`, skipped when it is not built) and the regex
-it replaces (`_LINE.findall`, the fallback).
+Every test runs with both scanners: the C one (`_sse_scan.segments`, skipped when it is not built) and the regex one
+it replaces (`_segments_py`, the fallback).
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from nemo_polar.proxy.streaming import coalesce
 def scanner(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """`feed_block` with the C scanner, then with the regex fallback."""
     if request.param == "regex":
-        monkeypatch.setattr(vllm_stream, "_lines", vllm_stream._LINE.findall)
+        monkeypatch.setattr(vllm_stream, "_segments", vllm_stream._segments_py)
     elif vllm_stream.SCANNER != "c":
-        pytest.skip("the C line scanner (_sse_scan) is not built; the regex one is tested")
+        pytest.skip("the C scanner (_sse_scan) is not built; the regex one is tested")
     return str(request.param)
 
 

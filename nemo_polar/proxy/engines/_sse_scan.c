@@ -1,12 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-/* `lines(block)`: exactly what `vllm_stream._LINE.findall(block)` returns, without the regex engine.
+/* `lines(block)`: exactly what `vllm_stream._LINE.findall(block)` returns, without the regex engine; and
+ * `segments(block)`: exactly `vllm_stream._segments_py(block)` (those rows, each run of token chunks' columns
+ * joined), without making the rows.
  *
- * The proxy reads every line of a long stream; Python's `re` spends ~3 ns per byte on it, most of the proxy's own
- * CPU for a 512-token answer. The pattern is deterministic (possessive quantifiers, and every alternation's
- * branches differ in their first byte or in the byte that follows them), so a hand-written recursive descent
- * over the fixed key order decides the same match: each function below mirrors one piece of the pattern and is
- * named after it. Any change to `_TOKEN_CHUNK` in vllm_stream.py must be made here too; tests/proxy/test_sse_scan.py
- * compares both on a random corpus.
+ * The proxy reads every line of a long stream; Python's `re` spends ~3 ns per byte on it, and joining the rows'
+ * columns as much again: most of the proxy's own CPU for a 512-token answer. The pattern is deterministic
+ * (possessive quantifiers, and every alternation's branches differ in their first byte or in the byte that follows
+ * them), so a hand-written recursive descent over the fixed key order decides the same match: each function below
+ * mirrors one piece of the pattern and is named after it. Any change to `_TOKEN_CHUNK` in vllm_stream.py must be
+ * made here too; tests/proxy/test_sse_scan.py compares both on a random corpus.
  *
  * Every matcher works inside one line (`end` is the line's '\n' or the end of the block): nothing in a token
  * chunk can match '\n' (string characters exclude control bytes, `\\.` excludes '\n'), so bounding the scan at the
@@ -27,6 +29,8 @@ typedef struct {
 typedef struct {
     Py_ssize_t a, b; /* a < 0: the group did not take part (findall gives b"") */
 } Span;
+
+static const Span NONE = {-1, -1};
 
 /* `_CH`: a byte a JSON string holds as itself (no quote, backslash or control byte; 0x7f and non-ASCII are in) */
 static unsigned char plain_char[256];
@@ -204,13 +208,13 @@ logprobs(Scan *c, Span g[2])
         }
         else {
             c->i = a;
-            g[1].a = -1;
+            g[1] = NONE;
         }
         ok = LIT(c, "]}");
     }
     if (!ok) {
         c->i = save;
-        g[0].a = g[1].a = -1;
+        g[0] = g[1] = NONE;
     }
 }
 
@@ -271,7 +275,7 @@ token_chunk(Scan *c, int *kind, Span g[5])
         }
         if (!LIT(c, "]")) {
             c->i = save;
-            g[4].a = -1;
+            g[4] = NONE;
         }
     }
 
@@ -298,43 +302,87 @@ slice(const char *s, Span span)
     return PyBytes_FromStringAndSize(s + span.a, span.b - span.a);
 }
 
-/* The row of one `data:` line starting at `p` (after `data:` and its optional space), ending at `end`. */
-static PyObject *
-row(const char *s, Py_ssize_t p, Py_ssize_t end)
+/* One `data:` line: what `_LINE` makes of it */
+typedef struct {
+    int kind;          /* an index into kind_names; < 0: not a token chunk (g[7] is the rest of the line) */
+    Span g[NGROUPS];   /* the groups (g[1], the kind, unused) */
+} Row;
+
+/* The line's payload starts at `p` (after `data:` and its optional space) and ends at `end`:
+ * `(_TOKEN_CHUNK)\r?$`, else `([^\n]*+)`, the rest of the line, with groups 1-7 not taking part. */
+static void
+scan_line(const char *s, Py_ssize_t p, Py_ssize_t end, Row *r)
 {
-    Span g[NGROUPS];
     for (int k = 0; k < NGROUPS; k++) {
-        g[k].a = -1;
+        r->g[k] = NONE;
     }
     Scan c = {s, end, p};
-    Span parts[5] = {{-1, -1}, {-1, -1}, {-1, -1}, {-1, -1}, {-1, -1}};
-    /* `(_TOKEN_CHUNK)\r?$`, else `([^\n]*+)`: the rest of the line, groups 1-7 not taking part */
-    int kind = -1;
-    if (token_chunk(&c, &kind, parts) && (c.i == end || (c.i + 1 == end && s[c.i] == '\r'))) {
-        g[0].a = p;
-        g[0].b = c.i;
-        for (int k = 0; k < 5; k++) {
-            g[k + 2] = parts[k];
+    if (token_chunk(&c, &r->kind, &r->g[2]) && (c.i == end || (c.i + 1 == end && s[c.i] == '\r'))) {
+        r->g[0].a = p;
+        r->g[0].b = c.i;
+        return;
+    }
+    for (int k = 0; k < NGROUPS; k++) { /* token_chunk may have set some before it failed */
+        r->g[k] = NONE;
+    }
+    r->kind = -1;
+    r->g[7].a = p;
+    r->g[7].b = end;
+}
+
+/* The next `data:` line from `*pos` on: where it starts (`*line`), its payload (`*p`), its end (`*end`: its '\n' or
+ * the end of the block); `*pos` moves past it. `^` under re.M is the start of the block and every byte after a
+ * '\n'; a match always ends at a line end, so findall's next search starts there and finds nothing before the next
+ * line. */
+static int
+next_data_line(const char *s, Py_ssize_t n, Py_ssize_t *pos, Py_ssize_t *line, Py_ssize_t *p, Py_ssize_t *end)
+{
+    while (*pos < n) {
+        Py_ssize_t start = *pos;
+        const char *nl = memchr(s + start, '\n', (size_t)(n - start));
+        *end = nl ? nl - s : n;
+        *pos = *end + 1;
+        if (*end - start >= 5 && memcmp(s + start, "data:", 5) == 0) {
+            *line = start;
+            *p = start + 5 + (start + 5 < *end && s[start + 5] == ' ');
+            return 1;
         }
     }
-    else {
-        kind = -1;
-        g[7].a = p;
-        g[7].b = end;
-    }
-    PyObject *t = PyTuple_New(NGROUPS);
-    if (!t) {
-        return NULL;
-    }
-    for (int k = 0; k < NGROUPS; k++) {
-        PyObject *v = (k == 1 && kind >= 0) ? Py_NewRef(kind_bytes[kind]) : slice(s, g[k]);
-        if (!v) {
-            Py_DECREF(t);
-            return NULL;
+    return 0;
+}
+
+/* A tuple of `n` new references (stolen); NULL, every one released, when one of them is NULL or memory is out. */
+static PyObject *
+tuple_of(PyObject **items, Py_ssize_t n)
+{
+    PyObject *t = NULL;
+    for (Py_ssize_t k = 0; k < n; k++) {
+        if (!items[k]) {
+            goto fail;
         }
-        PyTuple_SET_ITEM(t, k, v);
+    }
+    if (!(t = PyTuple_New(n))) {
+        goto fail;
+    }
+    for (Py_ssize_t k = 0; k < n; k++) {
+        PyTuple_SET_ITEM(t, k, items[k]);
     }
     return t;
+fail:
+    for (Py_ssize_t k = 0; k < n; k++) {
+        Py_XDECREF(items[k]);
+    }
+    return NULL;
+}
+
+static PyObject *
+row_tuple(const char *s, const Row *r)
+{
+    PyObject *items[NGROUPS];
+    for (int k = 0; k < NGROUPS; k++) {
+        items[k] = (k == 1 && r->kind >= 0) ? Py_NewRef(kind_bytes[r->kind]) : slice(s, r->g[k]);
+    }
+    return tuple_of(items, NGROUPS);
 }
 
 static PyObject *
@@ -346,28 +394,232 @@ lines(PyObject *module, PyObject *arg)
         return NULL;
     }
     const char *s = buf.buf;
-    Py_ssize_t n = buf.len;
+    Py_ssize_t pos = 0, line, p, end;
     PyObject *out = PyList_New(0);
-    /* `^` under re.M: the start of the block and every byte after a '\n'; a match always ends at a line end, so
-     * findall's next search starts there and finds nothing before the next line */
-    for (Py_ssize_t pos = 0; out && pos < n;) {
-        const char *nl = memchr(s + pos, '\n', (size_t)(n - pos));
-        Py_ssize_t end = nl ? nl - s : n;
-        if (end - pos >= 5 && memcmp(s + pos, "data:", 5) == 0) {
-            Py_ssize_t p = pos + 5;
-            if (p < end && s[p] == ' ') {
-                p++;
-            }
-            PyObject *t = row(s, p, end);
-            if (!t || PyList_Append(out, t) < 0) {
-                Py_XDECREF(t);
-                Py_CLEAR(out);
-                break;
-            }
-            Py_DECREF(t);
+    while (out && next_data_line(s, buf.len, &pos, &line, &p, &end)) {
+        Row r;
+        scan_line(s, p, end, &r);
+        PyObject *t = row_tuple(s, &r);
+        if (!t || PyList_Append(out, t) < 0) {
+            Py_CLEAR(out);
         }
-        pos = end + 1;
+        Py_XDECREF(t);
     }
+    PyBuffer_Release(&buf);
+    return out;
+}
+
+/* -- segments: each run of token chunks joined while it is scanned (vllm_stream._columns, without the rows) ------ */
+
+typedef struct {
+    Span *v;
+    Py_ssize_t n, cap;
+} Spans;
+
+static int
+push(Spans *sp, Span x)
+{
+    if (sp->n == sp->cap) {
+        Py_ssize_t cap = sp->cap ? 2 * sp->cap : 64;
+        Span *v = PyMem_Realloc(sp->v, (size_t)cap * sizeof(Span));
+        if (!v) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        sp->v = v;
+        sp->cap = cap;
+    }
+    sp->v[sp->n++] = x;
+    return 0;
+}
+
+/* The spans' bytes joined with `sep` between them (0: none), empty ones left out: `sep.join([x for x in xs if x])` */
+static PyObject *
+join(const char *s, const Spans *sp, char sep)
+{
+    Py_ssize_t total = 0, m = 0;
+    for (Py_ssize_t k = 0; k < sp->n; k++) {
+        total += sp->v[k].b - sp->v[k].a;
+        m += sp->v[k].b > sp->v[k].a;
+    }
+    if (sep && m) {
+        total += m - 1;
+    }
+    if (!total) {
+        return Py_NewRef(empty_bytes);
+    }
+    PyObject *out = PyBytes_FromStringAndSize(NULL, total);
+    if (!out) {
+        return NULL;
+    }
+    char *d = PyBytes_AS_STRING(out);
+    for (Py_ssize_t k = 0; k < sp->n; k++) {
+        Py_ssize_t len = sp->v[k].b - sp->v[k].a;
+        if (len > 0) {
+            if (sep && d != PyBytes_AS_STRING(out)) {
+                *d++ = sep;
+            }
+            memcpy(d, s + sp->v[k].a, (size_t)len);
+            d += len;
+        }
+    }
+    return out;
+}
+
+/* `b"\\u" in joined` */
+static int
+has_u_escape(PyObject *joined)
+{
+    const char *q = PyBytes_AS_STRING(joined), *e = q + PyBytes_GET_SIZE(joined);
+    while ((q = memchr(q, '\\', (size_t)(e - q))) && e - q > 1) {
+        if (q[1] == 'u') {
+            return 1;
+        }
+        q++;
+    }
+    return 0;
+}
+
+/* The run being joined; spans only (no objects) until it ends */
+typedef struct {
+    Py_ssize_t start, end;           /* from its first line's start to its last line's end */
+    Py_ssize_t count;                /* chunks */
+    int kind;                        /* the current stretch's kind */
+    Span finish;                     /* the last non-empty finish reason */
+    Spans texts;                     /* the current stretch's texts, empty ones too */
+    Spans ids, firsts, entries;      /* non-empty only */
+    PyObject *stretches;             /* the finished stretches: list of (kind, text, texts or None) */
+} RunBuild;
+
+/* The texts of the current stretch one by one */
+static PyObject *
+stretch_texts(const char *s, const RunBuild *r)
+{
+    PyObject *t = PyTuple_New(r->texts.n);
+    for (Py_ssize_t k = 0; t && k < r->texts.n; k++) {
+        PyObject *v = slice(s, r->texts.v[k]);
+        if (!v) {
+            Py_CLEAR(t);
+            break;
+        }
+        PyTuple_SET_ITEM(t, k, v);
+    }
+    return t;
+}
+
+/* The current stretch as (kind, joined text, its texts one by one when they hold a `\u`, else None), appended to
+ * the run's stretches */
+static int
+end_stretch(const char *s, RunBuild *r)
+{
+    PyObject *items[3] = {Py_NewRef(kind_bytes[r->kind]), join(s, &r->texts, 0), NULL};
+    if (items[1]) {
+        items[2] = has_u_escape(items[1]) ? stretch_texts(s, r) : Py_NewRef(Py_None);
+    }
+    PyObject *t = tuple_of(items, 3);
+    int rc = t ? PyList_Append(r->stretches, t) : -1;
+    Py_XDECREF(t);
+    r->texts.n = 0;
+    return rc;
+}
+
+static int
+add_row(const char *s, RunBuild *r, const Row *row, Py_ssize_t line, Py_ssize_t end)
+{
+    if (r->count == 0) {
+        if (!(r->stretches = PyList_New(0))) {
+            return -1;
+        }
+        r->start = line;
+        r->kind = row->kind;
+        r->finish = NONE;
+    }
+    else if (row->kind != r->kind) {
+        if (end_stretch(s, r) < 0) {
+            return -1;
+        }
+        r->kind = row->kind;
+    }
+    r->end = end;
+    r->count++;
+    const Span *g = row->g;
+    if (g[5].b > g[5].a) {
+        r->finish = g[5];
+    }
+    if (push(&r->texts, g[2]) < 0 || (g[6].b > g[6].a && push(&r->ids, g[6]) < 0) ||
+        (g[4].b > g[4].a && push(&r->firsts, g[4]) < 0) || (g[3].b > g[3].a && push(&r->entries, g[3]) < 0)) {
+        return -1;
+    }
+    return 0;
+}
+
+/* The run as a vllm_stream.Run, appended to `out`; the builder emptied for the next one */
+static int
+end_run(const char *s, RunBuild *r, PyObject *out)
+{
+    PyObject *where = NULL, *stretches = NULL;
+    if (end_stretch(s, r) == 0) {
+        PyObject *a = PyLong_FromSsize_t(r->start), *b = PyLong_FromSsize_t(r->end);
+        where = a && b ? PySlice_New(a, b, NULL) : NULL;
+        Py_XDECREF(a);
+        Py_XDECREF(b);
+        stretches = PyList_AsTuple(r->stretches);
+    }
+    PyObject *items[8] = {
+        where,
+        PyLong_FromSsize_t(r->count),
+        join(s, &r->ids, ','),
+        join(s, &r->firsts, ','),
+        PyLong_FromSsize_t(r->firsts.n),
+        join(s, &r->entries, ','),
+        slice(s, r->finish),
+        stretches,
+    };
+    PyObject *t = tuple_of(items, 8);
+    int rc = t ? PyList_Append(out, t) : -1;
+    Py_XDECREF(t);
+    Py_CLEAR(r->stretches);
+    r->count = r->texts.n = r->ids.n = r->firsts.n = r->entries.n = 0;
+    return rc;
+}
+
+static PyObject *
+segments(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    Py_buffer buf;
+    if (PyObject_GetBuffer(arg, &buf, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    const char *s = buf.buf;
+    Py_ssize_t pos = 0, line, p, end;
+    RunBuild run;
+    memset(&run, 0, sizeof run);
+    PyObject *out = PyList_New(0);
+    while (out && next_data_line(s, buf.len, &pos, &line, &p, &end)) {
+        Row r;
+        scan_line(s, p, end, &r);
+        if (r.kind >= 0) {
+            if (add_row(s, &run, &r, line, end) < 0) {
+                Py_CLEAR(out);
+            }
+            continue;
+        }
+        PyObject *other = NULL;
+        if ((run.count && end_run(s, &run, out) < 0) || !(other = slice(s, r.g[7])) ||
+            PyList_Append(out, other) < 0) {
+            Py_CLEAR(out);
+        }
+        Py_XDECREF(other);
+    }
+    if (out && run.count && end_run(s, &run, out) < 0) {
+        Py_CLEAR(out);
+    }
+    Py_XDECREF(run.stretches);
+    PyMem_Free(run.texts.v);
+    PyMem_Free(run.ids.v);
+    PyMem_Free(run.firsts.v);
+    PyMem_Free(run.entries.v);
     PyBuffer_Release(&buf);
     return out;
 }
@@ -375,6 +627,9 @@ lines(PyObject *module, PyObject *arg)
 static PyMethodDef methods[] = {
     {"lines", lines, METH_O,
      "lines(block) -> list of 8-tuples of bytes: exactly `vllm_stream._LINE.findall(block)`."},
+    {"segments", segments, METH_O,
+     "segments(block) -> list of bytes (another line) and runs: exactly `vllm_stream._segments_py(block)`, but "
+     "a run's rows given as the slice of the block that holds them."},
     {NULL, NULL, 0, NULL},
 };
 

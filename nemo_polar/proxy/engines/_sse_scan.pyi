@@ -1,5 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """The C scan of vLLM's SSE lines (_sse_scan.c); optional: vllm_stream.py falls back to its regex without it."""
 
-def lines(block: bytes, /) -> list[tuple[bytes, ...]]:
+from typing import Any
+
+from typing_extensions import Buffer
+
+def lines(block: Buffer, /) -> list[tuple[bytes, ...]]:
     """Exactly `vllm_stream._LINE.findall(block)`: one 8-tuple per `data:` line."""
+
+def segments(block: Buffer, /) -> list[Any]:
+    """Exactly `vllm_stream._segments_py(block)` (other lines' text and runs' columns), but each run's rows given
+    as the slice of `block` that holds them."""

@@ -16,9 +16,11 @@ fast path emits a run's text already merged. Anything the fast decode cannot rea
 `\\u` escape that could be half of a surrogate pair split over two chunks) sends that run down the `orjson` path,
 which reports the error as before. Used by `engines/vllm.py`.
 
-The lines of a block are found by `_sse_scan.lines`, a C function that returns exactly what `_LINE.findall` returns
-(the regex costs ~3 ns per byte, a third of the proxy's CPU on a 512-token stream); the package builds it when a
-compiler is there (setup.py, optional) and `_LINE.findall` is used when it is not. `SCANNER` names the one in use.
+A block is cut into segments: each other line's text, and each run of plain token chunks with its columns already
+joined (`_columns`). `_sse_scan.segments`, a C function, does that in one pass (the regex alone cost ~3 ns per
+byte, and the rows it returns as much again to join: most of the proxy's CPU on a 512-token stream); the package
+builds it when a compiler is there (setup.py, optional). Without it `_segments_py` gives the same segments from
+`_LINE.findall`. `SCANNER` names the one in use; tests/proxy/test_sse_scan.py holds the two to equality.
 """
 
 from __future__ import annotations
@@ -64,14 +66,6 @@ _TOKEN_CHUNK = (
 # every `data:` line: (payload, kind, text, logprob entries, first logprob, finish, ids, other line); `payload` is
 # empty unless the line is a plain token chunk
 _LINE = re.compile(rb"^data: ?+(?:(" + _TOKEN_CHUNK + rb")\r?$|([^\n]*+))", re.M)
-_lines: Callable[[bytes], list[tuple[bytes, ...]]]  # the rows of a block: `_LINE.findall`'s, by either scanner
-try:  # the same rows without the regex engine (_sse_scan.c); built with the package when a compiler is there
-    from nemo_polar.proxy.engines._sse_scan import lines as _lines
-
-    SCANNER = "c"  # which one `feed_block` uses (benchmarks print it)
-except ImportError:  # a build without a compiler
-    _lines = _LINE.findall
-    SCANNER = "regex"
 _LOGPROB = re.compile(rb'"logprob":([^,}]+)')  # over entries `_LP` already matched: each value is a JSON number
 _REASONING = {b"reasoning_content", b"reasoning"}
 
@@ -113,46 +107,36 @@ class StreamAccumulator:
     def feed_block(self, block: bytes, endpoint: str | None) -> list[StreamEvent]:
         """The events of every `data:` line in `block` (complete lines; the last may lack its newline); stops at
         `[DONE]` (sets `done`)."""
-        rows = _lines(block)
         events: list[StreamEvent] = []
-        i, n = 0, len(rows)
-        while i < n:
-            row = rows[i]
-            if row[0] and self.rid:  # a run of plain token chunks (the first chunk sets `rid` the slow way)
-                j = i + 1
-                while j < n and rows[j][0]:
-                    j += 1
-                run = rows[i:j]
-                if not self._feed_run(run, events):
-                    for r in run:
-                        self._feed_payload(r[0], endpoint, events)
-                i = j
-                continue
-            if not self._feed_payload((row[0] or row[7]).strip(), endpoint, events):
-                break  # [DONE]
-            i += 1
+        for seg in _segments(block):
+            if isinstance(seg, bytes):
+                if not self._feed_payload(seg.strip(), endpoint, events):
+                    break  # [DONE]
+            elif self.rid:  # a run of plain token chunks
+                if not self._feed_run(seg, events):
+                    for row in _run_rows(seg, block):
+                        self._feed_payload(row[0], endpoint, events)
+            else:  # the stream's first chunk sets `rid` the slow way; the rest of its run is a run again
+                rows = _run_rows(seg, block)
+                k = 0
+                while k < len(rows) and not self.rid:
+                    self._feed_payload(rows[k][0], endpoint, events)
+                    k += 1
+                if k < len(rows) and not self._feed_run(_columns(rows[k:]), events):
+                    for row in rows[k:]:
+                        self._feed_payload(row[0], endpoint, events)
         return events
 
-    def _feed_run(self, run: list[tuple[bytes, ...]], events: list[StreamEvent]) -> bool:
+    def _feed_run(self, run: Run, events: list[StreamEvent]) -> bool:
         """Decode a run of plain token chunks at once; False (nothing changed) when it cannot be read exactly."""
-        _, kinds, texts, lps, first_lps, fins, tids, _ = zip(*run, strict=True)  # columns
+        _, count, tids, first_lps, n_first, entries, finish, stretches = run
         try:
-            ids = orjson.loads(b"[" + b",".join([t for t in tids if t]) + b"]")
-            lp_vals = [x for x in first_lps if x]
-            entries = b",".join([x for x in lps if x])
-            if entries.count(b'"logprob":') != len(lp_vals):  # some chunk carries several tokens (stream interval)
-                lp_vals = _LOGPROB.findall(entries)
-            logprobs = orjson.loads(b"[" + b",".join(lp_vals) + b"]")
-            if kinds.count(kinds[0]) == len(kinds):
-                pieces = [(kinds[0], _text(texts))]
-            else:  # reasoning turning into content within one read: one piece per stretch of one kind
-                pieces = []
-                start = 0
-                for k in range(1, len(kinds) + 1):
-                    if k == len(kinds) or kinds[k] != kinds[start]:
-                        pieces.append((kinds[start], _text(texts[start:k])))
-                        start = k
-            finish = next((f for f in reversed(fins) if f), None)
+            ids = orjson.loads(b"[" + tids + b"]")
+            if entries.count(b'"logprob":') != n_first:  # some chunk carries several tokens (stream interval)
+                first_lps = b",".join(_LOGPROB.findall(entries))
+            logprobs = orjson.loads(b"[" + first_lps + b"]")
+            # one piece per stretch of one kind (reasoning turning into content within one read)
+            pieces = [(kind, _text(joined, parts)) for kind, joined, parts in stretches]
             finish_s = orjson.loads(b'"' + finish + b'"') if finish else None
         except (orjson.JSONDecodeError, UnicodeDecodeError, ValueError):
             return False
@@ -169,7 +153,7 @@ class StreamAccumulator:
                 events.append(StreamEvent("text", text=text))
         if finish_s:
             self.finish = finish_s
-        self.fast_chunks += len(run)
+        self.fast_chunks += count
         return True
 
     def _feed_payload(self, payload: bytes, endpoint: str | None, events: list[StreamEvent]) -> bool:
@@ -251,12 +235,71 @@ class StreamAccumulator:
         )
 
 
-def _text(pieces: tuple[bytes, ...]) -> str:
-    """The text of JSON string bodies, exactly as decoding each one and joining them would give."""
-    joined = b"".join(pieces)
+def _text(joined: bytes, pieces: tuple[bytes, ...] | None) -> str:
+    """The text of JSON string bodies (`joined`; one by one in `pieces` when they hold a `\\u`), exactly as decoding
+    each one and joining them would give."""
     if b"\\" not in joined:
         return joined.decode()
-    if b"\\u" in joined:  # decoded one by one: a surrogate half in one chunk stays an error, as it is per chunk
+    if pieces is not None:  # decoded one by one: a surrogate half in one chunk stays an error, as it is per chunk
         return "".join([orjson.loads(b'"' + p + b'"') for p in pieces])
     out: str = orjson.loads(b'"' + joined + b'"')
     return out
+
+
+# A run of plain token chunks, its columns joined: (where its rows are: a slice of the block or the rows themselves,
+# chunks, token ids, first logprob of each chunk, how many, logprob entries, last finish reason, stretches of one
+# kind as (kind, text, the texts one by one when they hold a `\u`, else None)); all joined with `,`, b"" if none.
+Run = tuple[Any, int, bytes, bytes, int, bytes, bytes, tuple[tuple[bytes, bytes, tuple[bytes, ...] | None], ...]]
+
+
+def _columns(rows: list[tuple[bytes, ...]]) -> Run:
+    """A run's columns from its `_LINE` rows (what `_sse_scan.segments` builds while it scans)."""
+    _, kinds, texts, lps, first_lps, fins, tids, _ = zip(*rows, strict=True)
+    firsts = [x for x in first_lps if x]
+    stretches = []
+    start = 0
+    for k in range(1, len(kinds) + 1):
+        if k == len(kinds) or kinds[k] != kinds[start]:
+            joined = b"".join(texts[start:k])
+            stretches.append((kinds[start], joined, texts[start:k] if b"\\u" in joined else None))
+            start = k
+    finish = next((f for f in reversed(fins) if f), b"")
+    ids, entries = b",".join([t for t in tids if t]), b",".join([x for x in lps if x])
+    return rows, len(rows), ids, b",".join(firsts), len(firsts), entries, finish, tuple(stretches)
+
+
+def _segments_py(block: bytes) -> list[bytes | Run]:
+    """The segments of a block (each other `data:` line's text, each run's columns) from `_LINE.findall`."""
+    rows: list[tuple[bytes, ...]] = _LINE.findall(block)
+    out: list[bytes | Run] = []
+    i, n = 0, len(rows)
+    while i < n:
+        if not rows[i][0]:
+            out.append(rows[i][7])
+            i += 1
+            continue
+        j = i + 1
+        while j < n and rows[j][0]:
+            j += 1
+        out.append(_columns(rows[i:j]))
+        i = j
+    return out
+
+
+def _run_rows(run: Run, block: bytes) -> list[tuple[bytes, ...]]:
+    """A run's `_LINE` rows (for the slow path): the C scan gives where they are, the regex one the rows."""
+    where = run[0]
+    if isinstance(where, list):
+        return where
+    rows: list[tuple[bytes, ...]] = _LINE.findall(block[where.start : where.stop])
+    return rows
+
+
+_segments: Callable[[bytes], list[bytes | Run]]
+try:  # the same segments in one pass in C (_sse_scan.c); built with the package when a compiler is there
+    from nemo_polar.proxy.engines._sse_scan import segments as _segments
+
+    SCANNER = "c"  # which one `feed_block` uses (benchmarks print it)
+except ImportError:  # a build without a compiler
+    _segments = _segments_py
+    SCANNER = "regex"
