@@ -14,8 +14,10 @@ Columns, measured in the same run:
   store     the store as shipped, on a new database
   old db    the same code on a database created with 8 KiB pages (stores made before 16 KiB pages; same schema):
             the page size's effect, in the same run
-  floor     plain SQLite, same connection settings as the store: one `INSERT` of the same bytes per write into a
-            one-B-tree table, autocommit per batch, no checkpoints (the WAL is left for the OS): what any durable
+  replace   (streams) the final record written as before in-place updates: INSERT OR REPLACE of the placeholder's
+            row, which deletes the row and its two index entries and inserts them again
+  floor     plain SQLite, the store's page size and connection settings: one `INSERT` of the same bytes per write
+            into a one-B-tree table, one transaction per batch, no checkpoint (the WAL grows): what any durable
             SQLite record costs
   bytes     `record_bytes` alone (serialising the record, and its placeholder for a stream; part of `loop`)
 
@@ -42,7 +44,7 @@ from peers import mix_bodies
 
 from nemo_polar.proxy.dialects import openai_chat
 from nemo_polar.proxy.normalized import RouteMatch
-from nemo_polar.proxy.store import DB_NAME, RecordStore, record_bytes
+from nemo_polar.proxy.store import DB_NAME, PAGE_SIZE, RecordStore, record_bytes
 from nemo_polar.types import CompletionRecord
 
 KINDS = {"1k prompt, 64 answer": (1000, 64), "8k prompt, 512 answer": (8000, 512)}
@@ -124,7 +126,22 @@ def admitted(rec: CompletionRecord) -> CompletionRecord:
     )
 
 
-def store_case(directory: Path, recs: list[CompletionRecord], batch: int, stream: bool) -> tuple[float, float]:
+class ReplacingStore(RecordStore):
+    """The store as it was before in-place updates: a stream's final record replaces its placeholder's row (INSERT
+    OR REPLACE: the row and its index entries deleted and inserted again)."""
+
+    async def commit(self, record: CompletionRecord) -> None:
+        self._pending_ids.discard(record.id)
+        await super().commit(record)
+
+
+def store_case(
+    directory: Path,
+    recs: list[CompletionRecord],
+    batch: int,
+    stream: bool,
+    store_type: type[RecordStore] = RecordStore,
+) -> tuple[float, float]:
     """(whole-process, event-loop) CPU seconds per record for committing `recs` through a `RecordStore` in
     `directory`; the whole process's includes opening the store and the final checkpoint of `close()`."""
 
@@ -143,7 +160,7 @@ def store_case(directory: Path, recs: list[CompletionRecord], batch: int, stream
         return time.thread_time() - t0
 
     c0 = cpu_s()
-    store = RecordStore(directory).open()
+    store = store_type(directory).open()
     loop_s = asyncio.run(main())
     store.close()
     return (cpu_s() - c0) / len(recs), loop_s / len(recs)
@@ -155,7 +172,7 @@ def floor_case(directory: Path, payloads: list[tuple[bytes, ...]], batch: int) -
     directory.mkdir(parents=True, exist_ok=True)
     c0 = cpu_s()
     conn = sqlite3.connect(directory / DB_NAME, isolation_level=None)
-    conn.execute("PRAGMA page_size=8192")
+    conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=NORMAL")
     conn.execute("PRAGMA wal_autocheckpoint=0")
@@ -197,7 +214,7 @@ def main() -> None:
                     [(p, f) for p, f in zip(pendings, finals, strict=True)] if stream else [(f,) for f in finals]
                 )
                 for batch in BATCHES:
-                    runs: dict[str, list[tuple[float, float]]] = {"store": [], "old": [], "floor": []}
+                    runs: dict[str, list[tuple[float, float]]] = {"store": [], "old": [], "replace": [], "floor": []}
                     for rep in range(args.repeat):  # interleaved; the least CPU of each (the least disturbed)
                         case = root / f"{prompt_tokens}-{stream}-{batch}-{rep}"
                         runs["store"].append(store_case(case / "store", recs, batch, stream))
@@ -205,10 +222,17 @@ def main() -> None:
                         old.mkdir(parents=True)
                         sqlite3.connect(old / DB_NAME).executescript(OLD_SCHEMA).close()
                         runs["old"].append(store_case(old, recs, batch, stream))
+                        if stream:
+                            runs["replace"].append(store_case(case / "replace", recs, batch, stream, ReplacingStore))
                         runs["floor"].append((floor_case(case / "floor", payloads, batch), 0.0))
                         shutil.rmtree(case)
                     total, loop = min(runs["store"])
                     old_total, floor = min(runs["old"])[0], min(runs["floor"])[0]
+                    replace = (
+                        f"{min(runs['replace'])[0] * 1e6:.0f} ({min(runs['replace'])[0] / total:.2f}x)"
+                        if stream
+                        else "–"
+                    )
                     rows.append(
                         [
                             kind,
@@ -219,6 +243,7 @@ def main() -> None:
                             f"{loop * 1e6:.0f}",
                             f"{(total - loop) * 1e6:.0f}",
                             f"{old_total * 1e6:.0f} ({old_total / total:.2f}x)",
+                            replace,
                             f"{floor * 1e6:.0f} ({total / floor:.2f}x)",
                             f"{(final_bytes_s + (pending_bytes_s if stream else 0)) * 1e6:.0f}",
                         ]
@@ -237,6 +262,7 @@ def main() -> None:
             "loop",
             "ckpt",
             "old db (old/store)",
+            "replace (replace/store)",
             "floor (store/floor)",
             "bytes",
         ],
