@@ -419,6 +419,12 @@ def mix_verdict(mix: list[dict[str, Any]]) -> str:
                     f"(≥ 0.5×: {'met' if y >= 0.5 else 'NOT met'})"
                 )
             lines.append(line)
+    from nemo_polar.proxy.engines.vllm_stream import SCANNER  # the proxy subprocess runs this Python: the same scanner
+
+    lines.append(
+        f"- stream lines read by the {'C scanner (engines/_sse_scan.c)' if SCANNER == 'c' else 'regex (no C scanner built)'}"
+        f"; load average {os.getloadavg()[0]:.1f}"
+    )
     return "Long-stream bars (issue 23, same run):\n\n" + "\n".join(lines)
 
 
