@@ -1,8 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The one thing pyproject.toml cannot say: the C scan of vLLM's stream lines is optional.
+"""The one thing pyproject.toml cannot say: the C extensions are optional.
 
-Without a compiler (or Python headers) the build warns and goes on; `engines/vllm_stream.py` then uses its regex,
-which gives the same rows, only slower. Everything else about the package is in pyproject.toml.
+Without a compiler (or Python headers) the build warns and goes on, and each user of a module falls back to its pure
+Python code, which gives the same results, only slower: `engines/vllm_stream.py` to its regex for the C scan of
+vLLM's stream lines (`_sse_scan`), `types.py`, `proxy/store.py` and `engines/base.py` to `struct` for the token-id
+checks and compact array encodings (`_arrays`). Everything else about the package is in pyproject.toml.
 """
 
 from setuptools import Extension, setup
@@ -14,6 +16,7 @@ setup(
             ["nemo_polar/proxy/engines/_sse_scan.c"],
             optional=True,
             extra_compile_args=["-O2"],
-        )
+        ),
+        Extension("nemo_polar._arrays", ["nemo_polar/_arrays.c"], optional=True, extra_compile_args=["-O2"]),
     ]
 )

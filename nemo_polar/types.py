@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """The record types every layer of nemo-polar exchanges (docs/contracts.md), with validation and JSON round-trip.
 
-This module is a leaf: it imports nothing of ours. It defines `CompletionRecord` (one proxied model call),
-`Trace` (one trainer-facing token chain), `Trajectory` (a session's traces and stats), `EvalResult` and
-`SessionResult`. Field names are contracts: other layers, NeMo Gym and NeMo RL read them by name.
+This module is a leaf: it imports nothing of ours but the optional C encoder `_arrays`, which imports nothing. It
+defines `CompletionRecord` (one proxied model call), `Trace` (one trainer-facing token chain), `Trajectory` (a
+session's traces and stats), `EvalResult` and `SessionResult`. Field names are contracts: other layers, NeMo Gym
+and NeMo RL read them by name.
 
 JSON: `to_json()` writes token-id arrays as compact base64 int32 and logprob arrays as base64 float64
 (lossless); `from_json()` accepts both that form and plain lists.
@@ -14,7 +15,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar, TypeVar
@@ -103,8 +104,23 @@ _I32 = "b64:i32:"
 _F64 = "b64:f64:"
 
 
+_FAST_ENCODE: dict[str, Callable[[object], str | None]] = {}
+try:  # a list in one pass in C (nemo_polar/_arrays.c, no Python dependencies); numpy below does the rest
+    from nemo_polar import _arrays
+
+    _FAST_ENCODE = {"i32": _arrays.encode_i32, "f64": _arrays.encode_f64}
+except ImportError:
+    pass
+
+
 def encode_array(values: Iterable[int] | Iterable[float], kind: str) -> str:
-    """Encode a token-id (`kind="i32"`) or logprob (`kind="f64"`) array as compact base64 (lossless)."""
+    """Encode a token-id (`kind="i32"`) or logprob (`kind="f64"`) array as compact base64 (lossless).
+
+    A list of plain ints (in int32 range) or floats goes through `_arrays`, which writes the same string; anything
+    else (numpy arrays, other iterables, bools, out-of-range ids: it returns None) through numpy."""
+    fast = _FAST_ENCODE.get(kind)
+    if fast is not None and (out := fast(values)) is not None:
+        return out
     if kind == "i32":
         arr = np.asarray(list(values) if not isinstance(values, np.ndarray) else values, dtype="<i8")
         if arr.size and (arr.min() < -(2**31) or arr.max() >= 2**31):

@@ -41,8 +41,9 @@ ln -sfn "$VENV" .venv
 # Editable install of the project itself (fast: no dependency resolution). The venv is shared by every checkout
 # with the same constraints, so re-point it when its editable install belongs to another checkout. Checked from
 # outside the repo: inside it, `nemo_polar` would import from the working directory whatever the install says.
-# Also redone when the optional C extension (setup.py; built in place, next to its source) is missing or older than
-# its source and a compiler could build it; without a compiler the install would only skip it again, so it is not.
+# Also redone when one of the optional C extensions (setup.py: each nemo_polar/**/NAME.c builds module NAME in place,
+# next to its source) is missing or older than its source and a compiler could build it; without a compiler the
+# install would only skip them again, so it is not.
 HERE="$(pwd)"
 if ! (cd / && "$HERE/.venv/bin/python" - "$HERE" <<'PYEOF'
 import shutil
@@ -57,11 +58,14 @@ want = {nemo_polar: root / "nemo_polar", nemo_polar.credit: root / "credit",
         nemo_polar.harness_adapters: root / "harness_adapters"}
 if not all(Path(m.__file__).resolve().parent == d for m, d in want.items()):
     sys.exit(1)
-src = root / "nemo_polar/proxy/engines/_sse_scan.c"
-built = src.with_name("_sse_scan" + sysconfig.get_config_var("EXT_SUFFIX"))
+
+def stale(src):
+    built = src.with_name(src.stem + sysconfig.get_config_var("EXT_SUFFIX"))
+    return not built.exists() or built.stat().st_mtime < src.stat().st_mtime
+
 cc = (sysconfig.get_config_var("CC") or "cc").split()[0]
 buildable = shutil.which(cc) and Path(sysconfig.get_paths()["include"], "Python.h").exists()
-sys.exit(1 if buildable and (not built.exists() or built.stat().st_mtime < src.stat().st_mtime) else 0)
+sys.exit(1 if buildable and any(stale(src) for src in (root / "nemo_polar").rglob("*.c")) else 0)
 PYEOF
 ) 2>/dev/null; then
   log="$(mktemp)"  # setuptools' build warnings are noise unless the install fails

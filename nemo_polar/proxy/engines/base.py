@@ -468,23 +468,36 @@ def check_alignment(result: ChatResult, usage: dict[str, Any], endpoint: str | N
     check_token_data(result.prompt_token_ids, result.generation_token_ids, result.generation_log_probs, endpoint)
 
 
-def check_token_data(prompt_ids: list[int], gen_ids: list[int], log_probs: list[float], endpoint: str | None) -> None:
-    """Token ids are non-negative integers (below 2**32) and logprobs finite numbers, or the engine failed (never
-    stored as data).
+def _ids_ok_py(ids: Any) -> bool:
+    """`_arrays.ids_ok` without the C module: a list or tuple of exact ints in [0, 2**31). Packing as unsigned 32-bit
+    refuses everything else but bools and other `__index__` objects (found by their type) and ids in [2**31, 2**32)
+    (found by the top bit of each packed id)."""
+    if not isinstance(ids, (list, tuple)) or not {*map(type, ids)} <= {int}:
+        return False
+    try:
+        packed = struct.pack(f"<{len(ids)}I", *ids)
+    except struct.error:
+        return False
+    return packed[3::4].isascii()
 
-    Whole-list work in C, not a loop per token: packing the ids as unsigned 32-bit integers refuses a null, a string, a
-    float, a negative or an oversized id in one pass (2.5x cheaper than a sum and a min over an 8k-token prompt), and
-    one NaN or infinity makes the logprob sum non-finite.
+
+try:  # the same decision in one pass in C (nemo_polar/_arrays.c); built with the package when a compiler is there
+    from nemo_polar._arrays import ids_ok as _ids_ok
+except ImportError:
+    _ids_ok = _ids_ok_py
+
+
+def check_token_data(prompt_ids: list[int], gen_ids: list[int], log_probs: list[float], endpoint: str | None) -> None:
+    """Token ids are ints in [0, 2**31) and logprobs finite numbers, or the engine failed (never stored as data).
+
+    The bound is the stored one: records keep ids as signed int32, so a larger id refused here is not a record that
+    fails to encode later. A bool is refused too (as `CompletionRecord.validate` does): an engine that sends `true`
+    for a token id sent no token id. Whole-list work in C, not a loop per token: `_ids_ok` walks the list once
+    (`_arrays.c`), and one NaN or infinity makes the logprob sum non-finite.
     """
     problems = []
     for name, ids in (("prompt", prompt_ids), ("generation", gen_ids)):
-        try:
-            bad = False
-            if ids:
-                struct.pack(f"<{len(ids)}I", *ids)
-        except (struct.error, TypeError):
-            bad = True
-        if bad:
+        if ids and not _ids_ok(ids):
             problems.append(f"{name} token ids that are not non-negative integers")
     try:
         total = sum(log_probs)

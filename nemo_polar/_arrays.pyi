@@ -1,0 +1,11 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One-pass token-id checks and compact array encodings (_arrays.c); optional: its users fall back to `struct`."""
+
+def ids_ok(ids: object, /) -> bool:
+    """`ids` is a list or tuple of exact ints (bools refused) in [0, 2**31), the stored int32 range."""
+
+def encode_i32(values: object, /) -> str | None:
+    """`"b64:i32:"` + base64 of the little-endian int32s; None unless a list or tuple of exact ints in int32 range."""
+
+def encode_f64(values: object, /) -> str | None:
+    """`"b64:f64:"` + base64 of the little-endian float64s; None unless a list or tuple of exact floats and ints."""

@@ -1,0 +1,167 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The C token-id check and compact encoders (`nemo_polar/_arrays.c`) decide and write exactly what their Python
+paths do: `ids_ok` as `engines.base._ids_ok_py` on good and bad ids, `encode_i32` / `encode_f64` the string of
+`store._i32_py` / `store._f64_py` (struct + base64) and of `types.encode_array`'s numpy path, byte for byte, NaN
+payloads and signed zeros included; on anything else they return None and the Python path decides. The lists are
+seeded: a failure is reproducible.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import struct
+from typing import Any
+
+import numpy as np
+import pytest
+
+from nemo_polar import types
+from nemo_polar.proxy import store
+from nemo_polar.proxy.engines import base
+from nemo_polar.proxy.engines.base import _ids_ok_py
+from nemo_polar.proxy.store import _f64_py, _i32_py, record_bytes
+from nemo_polar.types import CompletionRecord, decode_array, encode_array
+
+try:
+    from nemo_polar import _arrays
+except ImportError:
+    _arrays = None  # type: ignore[assignment]
+
+needs_c = pytest.mark.skipif(_arrays is None, reason="the C array module (_arrays) is not built")
+
+SIZES = [0, 1, 2, 3, 4, 5, 11, 12, 13, 8000]  # around base64's 3-byte groups and the C side's 48-byte chunks
+# bit patterns struct must keep: signed zero, infinities, NaNs with sign and payload, subnormals, extremes
+SPECIAL_FLOATS = [
+    -0.0,
+    0.0,
+    math.inf,
+    -math.inf,
+    math.nan,
+    -math.nan,
+    struct.unpack("<d", struct.pack("<Q", 0x7FF0_0000_0000_0001))[0],  # a signalling NaN's payload
+    struct.unpack("<d", struct.pack("<Q", 0xFFF8_DEAD_BEEF_0001))[0],
+    5e-324,
+    -2.2250738585072004e-308,
+    1.7976931348623157e308,
+    -1e-300,
+]
+BAD_IDS: list[Any] = [None, "7", 2.0, -1, 2**31, 2**32, 2**64, -(2**64), True, False, np.int64(3), [1], b"x"]
+
+
+def ids(rng: random.Random, n: int, lo: int = 0) -> list[int]:
+    picks = [0, 1, 2**31 - 1, lo, 255, 256, 65535, 65536]
+    return [rng.choice(picks) if rng.random() < 0.2 else rng.randrange(lo, 2**31) for _ in range(n)]
+
+
+def floats(rng: random.Random, n: int) -> list[float]:
+    out: list[float] = []
+    for _ in range(n):
+        r = rng.random()
+        out.append(rng.choice(SPECIAL_FLOATS) if r < 0.3 else -rng.expovariate(0.5) if r < 0.9 else rng.uniform(-1, 1))
+    return out
+
+
+def exactly(a: str, b: str) -> None:
+    assert a == b, (len(a), len(b), next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), None))
+
+
+@needs_c
+@pytest.mark.parametrize("n", SIZES)
+def test_encoders_write_the_struct_strings(n: int) -> None:
+    rng = random.Random(n)
+    for lo in (0, -(2**31)):
+        v = ids(rng, n, lo)
+        exactly(_arrays.encode_i32(v) or "", _i32_py(v))
+        exactly(_arrays.encode_i32(tuple(v)) or "", _i32_py(v))
+        exactly(encode_array(v, "i32"), _i32_py(v))
+    f = floats(rng, n)
+    exactly(_arrays.encode_f64(f) or "", _f64_py(f))
+    exactly(encode_array(f, "f64"), _f64_py(f))
+    mixed = [x if i % 3 else int(x) for i, x in enumerate(f) if math.isfinite(x)]  # ints too, as float(int)
+    exactly(_arrays.encode_f64(mixed) or "", _f64_py(mixed))
+    raw = np.frombuffer(struct.pack(f"<{len(f)}d", *f), dtype="<u8")  # every bit, NaN payloads included
+    decoded = np.asarray(decode_array(_arrays.encode_f64(f)), dtype="<f8").view("<u8")
+    assert (decoded == raw).all()
+
+
+@pytest.mark.parametrize("n", [0, 1, 13, 8000])
+def test_the_numpy_path_of_encode_array_writes_the_struct_strings_too(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(types, "_FAST_ENCODE", {})
+    rng = random.Random(n)
+    v, f = ids(rng, n, -(2**31)), floats(rng, n)
+    exactly(encode_array(v, "i32"), _i32_py(v))
+    exactly(encode_array(f, "f64"), _f64_py(f))
+
+
+@needs_c
+def test_encoders_leave_everything_else_to_the_python_path() -> None:
+    for bad in [[True], [1, False], [2**31], [-(2**31) - 1], [2**64], [np.int32(1)], [None], ["1"], [1.0]]:
+        assert _arrays.encode_i32(bad) is None, bad
+    for bad in [[True], [np.float64(1.0)], [None], ["1"], [10**400]]:
+        assert _arrays.encode_f64(bad) is None, bad
+    for other in [None, "123", b"123", range(3), np.arange(3), {1: 2}, iter([1])]:
+        assert _arrays.encode_i32(other) is None and _arrays.encode_f64(other) is None, other
+    # ... which gives what it gave before: bools encoded as 0/1 by struct, the same errors
+    exactly(store._i32([True, 2]), _i32_py([1, 2]))
+    exactly(encode_array(np.arange(3), "i32"), _i32_py([0, 1, 2]))
+    with pytest.raises(struct.error):
+        store._i32([2**31])
+    with pytest.raises(ValueError, match="int32 range"):
+        encode_array([2**31], "i32")
+    with pytest.raises(struct.error):
+        store._f64([10**400])
+
+
+@pytest.mark.parametrize("check", [_ids_ok_py, pytest.param(_arrays and _arrays.ids_ok, marks=needs_c)])
+def test_the_id_check_takes_ints_in_the_int32_range_only(check: Any) -> None:
+    rng = random.Random(7)
+    for n in SIZES:
+        good = ids(rng, n)
+        assert check(good) and check(tuple(good))
+        for bad in BAD_IDS if n else []:
+            for at in {0, n // 2, n - 1}:
+                v: list[Any] = list(good)
+                v[at] = bad
+                assert not check(v), (n, at, bad)
+    assert check([]) and check([2**31 - 1])
+    for other in [None, "12", b"12", range(3), np.arange(3), {1: 2}]:
+        assert not check(other), other
+
+
+@needs_c
+def test_the_c_and_python_checks_agree_item_by_item() -> None:
+    for item in [*BAD_IDS, 0, 1, 2**31 - 1, 2**31 - 2, -(2**31), 2**63 - 1, 2**63, 1.5, math.nan, object()]:
+        assert _arrays.ids_ok([item]) is _ids_ok_py([item]), item
+        assert _arrays.ids_ok([5, item, 5]) is _ids_ok_py([5, item, 5]), item
+
+
+@needs_c
+def test_record_bytes_are_the_same_with_and_without_the_c_encoders(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = random.Random(3)
+    gen = ids(rng, 512)
+    rec = CompletionRecord(
+        id="r0",
+        session_id="s",
+        seq=0,
+        dialect="openai_chat",
+        prompt_token_ids=ids(rng, 8000),
+        generation_token_ids=gen,
+        generation_log_probs=floats(rng, 512),
+    )
+    fast = record_bytes(rec)
+    monkeypatch.setattr(store, "_i32", _i32_py)
+    monkeypatch.setattr(store, "_f64", _f64_py)
+    assert record_bytes(rec) == fast
+    monkeypatch.setattr(types, "_FAST_ENCODE", {})
+    assert rec.to_json(compact=True) == record_bytes(rec)
+
+
+def test_a_bool_or_an_id_past_int32_is_an_engine_failure_on_both_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    checks = [_ids_ok_py] + ([_arrays.ids_ok] if _arrays is not None else [])
+    for check in checks:
+        monkeypatch.setattr(base, "_ids_ok", check)
+        base.check_token_data([0, 2**31 - 1], [1], [-0.5], None)
+        for bad in [True, 2**31]:
+            with pytest.raises(base.UpstreamError, match="prompt token ids that are not non-negative integers"):
+                base.check_token_data([1, bad], [1], [-0.5], None)
