@@ -22,6 +22,7 @@
 #include <string.h>
 
 static const char b64_alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+static Py_UCS1 b64_pairs[4096][2]; /* the two characters of each 12 bits: one lookup per half of a 3-byte group */
 
 #define PREFIX_LEN 8 /* "b64:i32:" and "b64:f64:" */
 #define CHUNK 48     /* bytes packed before they are encoded: a multiple of 3 (base64) and of 4 and 8 (items) */
@@ -33,10 +34,9 @@ b64(const unsigned char *in, size_t len, Py_UCS1 *out)
     size_t i = 0;
     for (; i + 3 <= len; i += 3) {
         uint32_t v = (uint32_t)in[i] << 16 | (uint32_t)in[i + 1] << 8 | in[i + 2];
-        *out++ = (Py_UCS1)b64_alphabet[v >> 18];
-        *out++ = (Py_UCS1)b64_alphabet[v >> 12 & 63];
-        *out++ = (Py_UCS1)b64_alphabet[v >> 6 & 63];
-        *out++ = (Py_UCS1)b64_alphabet[v & 63];
+        memcpy(out, b64_pairs[v >> 12], 2);
+        memcpy(out + 2, b64_pairs[v & 0xfff], 2);
+        out += 4;
     }
     if (i < len) {
         uint32_t v = (uint32_t)in[i] << 16 | (i + 1 < len ? (uint32_t)in[i + 1] << 8 : 0);
@@ -61,6 +61,26 @@ items_of(PyObject *seq, PyObject ***items, Py_ssize_t *n)
     return 0;
 }
 
+/* The value of an exact int of one digit (|v| < 2**PyLong_SHIFT: every token id of any vocabulary), read without a
+ * function call; 0 for a larger one. */
+static inline int
+small_int(PyObject *item, long *v)
+{
+#if PY_VERSION_HEX >= 0x030C0000
+    if (PyUnstable_Long_IsCompact((PyLongObject *)item)) {
+        *v = (long)PyUnstable_Long_CompactValue((PyLongObject *)item);
+        return 1;
+    }
+#else
+    Py_ssize_t size = Py_SIZE(item);
+    if (size >= -1 && size <= 1) {
+        *v = size * (long)((PyLongObject *)item)->ob_digit[0]; /* ob_digit[0] is 0 when size is 0 */
+        return 1;
+    }
+#endif
+    return 0;
+}
+
 /* An int32 (as its two's-complement bits) if `item` is an exact int in [lo, 2**31); else -1 with no error set. */
 static int
 int32_of(PyObject *item, long lo, uint32_t *bits)
@@ -68,8 +88,13 @@ int32_of(PyObject *item, long lo, uint32_t *bits)
     if (!PyLong_CheckExact(item)) {
         return -1;
     }
+    long v;
+    if (small_int(item, &v) && v >= lo) { /* |v| < 2**30 (or 2**15) <= 2**31 */
+        *bits = (uint32_t)(int32_t)v;
+        return 0;
+    }
     int overflow;
-    long v = PyLong_AsLongAndOverflow(item, &overflow); /* an exact int: no Python code runs */
+    v = PyLong_AsLongAndOverflow(item, &overflow); /* an exact int: no Python code runs */
     if (v == -1 && PyErr_Occurred()) {
         PyErr_Clear();
         return -1;
@@ -207,5 +232,9 @@ static struct PyModuleDef module_def = {
 PyMODINIT_FUNC
 PyInit__arrays(void)
 {
+    for (int v = 0; v < 4096; v++) {
+        b64_pairs[v][0] = (Py_UCS1)b64_alphabet[v >> 6];
+        b64_pairs[v][1] = (Py_UCS1)b64_alphabet[v & 63];
+    }
     return PyModule_Create(&module_def);
 }
