@@ -24,6 +24,8 @@
 static const char b64_alphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 static Py_UCS1 b64_pairs[4096][2]; /* the two characters of each 12 bits: one lookup per half of a 3-byte group */
 
+_Static_assert(sizeof(double) == 8, "float64 is a C double");
+
 #define PREFIX_LEN 8 /* "b64:i32:" and "b64:f64:" */
 #define CHUNK 48     /* bytes packed before they are encoded: a multiple of 3 (base64) and of 4 and 8 (items) */
 
@@ -61,8 +63,8 @@ items_of(PyObject *seq, PyObject ***items, Py_ssize_t *n)
     return 0;
 }
 
-/* The value of an exact int of one digit (|v| < 2**PyLong_SHIFT: every token id of any vocabulary), read without a
- * function call; 0 for a larger one. */
+/* The value of an exact int of at most one digit (|v| < 2**PyLong_SHIFT, 2**30 on usual builds: every token id of
+ * any vocabulary), read without a function call; 0 for a larger one (then `PyLong_AsLongAndOverflow` reads it). */
 static inline int
 small_int(PyObject *item, long *v)
 {
@@ -72,9 +74,13 @@ small_int(PyObject *item, long *v)
         return 1;
     }
 #else
-    Py_ssize_t size = Py_SIZE(item);
-    if (size >= -1 && size <= 1) {
-        *v = size * (long)((PyLongObject *)item)->ob_digit[0]; /* ob_digit[0] is 0 when size is 0 */
+    Py_ssize_t size = Py_SIZE(item); /* the digit count, negative for a negative int */
+    if (size == 0) {
+        *v = 0;
+        return 1;
+    }
+    if (size == 1 || size == -1) {
+        *v = (long)size * (long)((PyLongObject *)item)->ob_digit[0];
         return 1;
     }
 #endif
@@ -142,7 +148,7 @@ float64_of(PyObject *item, uint64_t *bits)
     else {
         return -1;
     }
-    memcpy(bits, &d, sizeof d);
+    memcpy(bits, &d, sizeof d); /* a double's bytes in the host's integer order (IEEE hosts), written out LE below */
     return 0;
 }
 
