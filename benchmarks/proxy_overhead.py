@@ -14,10 +14,12 @@ request of the proxy process (from /proc). The client sends the same ~4.5 KB cha
 
 Long streams (issue 23): the request mix of `peers.py` (1k/8k-token prompts, 64/512-token answers, streaming and
 not) on the sized FAKE upstream, pass-through and proxy at c=1 and c=64 and each kind alone at c=1, once with one
-upstream chunk per token (vLLM's default) and once with 8 (`--stream-interval 8`, the embedded backend's setting);
-and on real vLLM what that interval costs a client (time to first and last token of a 128-token stream).
+upstream chunk per token (vLLM's default) and once with 8 (`--stream-interval 8`, the embedded backend's setting),
+the whole-mix rows in `--rounds` rounds (3; 1 with `--quick`) reported as medians with each round's ratio; and on
+real vLLM what that interval costs a client (time to first and last token of a 128-token stream).
 
-    .venv/bin/python benchmarks/proxy_overhead.py [--quick] [--no-vllm] [--no-mix | --mix-only] [--json out.json]
+    .venv/bin/python benchmarks/proxy_overhead.py [--quick] [--no-vllm] [--no-mix | --mix-only] [--rounds N]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -282,6 +284,9 @@ def main() -> int:
     ap.add_argument("--no-vllm", action="store_true", help="skip the real vLLM-CPU part")
     ap.add_argument("--no-mix", action="store_true", help="skip the long-stream mix part")
     ap.add_argument("--mix-only", action="store_true", help="only the long-stream mix part")
+    ap.add_argument(
+        "--rounds", type=int, default=None, help="rounds of the long-stream mix's whole-mix rows (default 3, quick 1)"
+    )
     ap.add_argument("--json", default=None, help="also write the rows here")
     ap.add_argument("--passthrough", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -290,8 +295,9 @@ def main() -> int:
         return 0
     rows: list[dict[str, Any]] = []
     scale = 0.25 if args.quick else 1.0
+    rounds = args.rounds or (1 if args.quick else 3)
     if args.mix_only:
-        rows = _mix_part(scale)
+        rows = _mix_part(scale, rounds)
         _emit(rows)
         if args.json:
             Path(args.json).write_text(json.dumps(rows, indent=1))
@@ -325,7 +331,7 @@ def main() -> int:
         fake.terminate()
         fake.wait(10)
     if not args.no_mix:
-        rows += _mix_part(scale)
+        rows += _mix_part(scale, rounds)
     if not args.no_vllm:
         rows += _vllm_part(scale)
     _emit(rows)
@@ -410,13 +416,14 @@ def mix_verdict(mix: list[dict[str, Any]]) -> str:
             x = pol["cpu_ms_per_req"] / pt["cpu_ms_per_req"]
             line = (
                 f"- {interval} token(s)/chunk, c={c}: proxy CPU per request {pol['cpu_ms_per_req']:.2f} ms vs the "
-                f"pass-through's {pt['cpu_ms_per_req']:.2f} ms = **{x:.2f}×** (≤ 2×: {'met' if x <= 2 else 'NOT met'})"
+                f"pass-through's {pt['cpu_ms_per_req']:.2f} ms = **{x:.2f}×**{_spread(pol.get('cpu_ratios'))} "
+                f"(≤ 2×: {'met' if x <= 2 else 'NOT met'})"
             )
             if c == 64:
                 y = pol["rps"] / pt["rps"]
                 line += (
-                    f"; throughput {pol['rps']:.0f} vs {pt['rps']:.0f} req/s = **{y:.2f}×** "
-                    f"(≥ 0.5×: {'met' if y >= 0.5 else 'NOT met'})"
+                    f"; throughput {pol['rps']:.0f} vs {pt['rps']:.0f} req/s = **{y:.2f}×**"
+                    f"{_spread(pol.get('rps_ratios'))} (≥ 0.5×: {'met' if y >= 0.5 else 'NOT met'})"
                 )
             lines.append(line)
     from nemo_polar.proxy.engines.vllm_stream import SCANNER  # the proxy subprocess runs this Python: the same scanner
@@ -426,6 +433,13 @@ def mix_verdict(mix: list[dict[str, Any]]) -> str:
         f"; load average {os.getloadavg()[0]:.1f}"
     )
     return "Long-stream bars (issue 23, same run):\n\n" + "\n".join(lines)
+
+
+def _spread(ratios: list[float] | None) -> str:
+    """Each round's ratio, when there were several rounds (the verdict itself is on the medians)."""
+    if not ratios or len(ratios) < 2:
+        return ""
+    return f" (rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
 
 
 def _emit_verdict(rows: list[dict[str, Any]]) -> None:
@@ -515,11 +529,13 @@ def own_work_profile(n: int = 400) -> dict[str, float]:
 MIX_INTERVALS = (1, 8)  # tokens per upstream chunk: vLLM's default, and the embedded backend's --stream-interval
 
 
-def _mix_part(scale: float) -> list[dict[str, Any]]:
+def _mix_part(scale: float, rounds: int = 1) -> list[dict[str, Any]]:
     """The long-stream mix of `peers.py` (1k/8k-token prompts, 64/512-token answers, streaming and not) on the sized
     FAKE upstream, through the pass-through and the proxy at c=1 and c=64, then each request kind alone at c=1
     (where the proxy's CPU goes); once with one upstream chunk per token (vLLM's default) and once with 8 tokens a
-    chunk (`--stream-interval 8`, what the embedded backend runs with)."""
+    chunk (`--stream-interval 8`, what the embedded backend runs with). The whole-mix rows are measured `rounds` times
+    (each round: direct, pass-through and proxy back to back) and reported as medians (`median_rows`): the machine
+    is shared, and one round's ratio moves by ±20 %."""
     from peers import MIX_FAKE, mix_bodies
 
     rows: list[dict[str, Any]] = []
@@ -539,7 +555,8 @@ def _mix_part(scale: float) -> list[dict[str, Any]]:
             )
             print(HEADER)
             with Stack(f"http://127.0.0.1:{up_port}", "fake-model") as st:
-                got = run_suite(f"mix/{interval}", st, bodies, {1: int(800 * scale), 64: int(2560 * scale)})
+                plan = {1: int(800 * scale), 64: int(2560 * scale)}
+                got = median_rows([run_suite(f"mix/{interval}", st, bodies, plan) for _ in range(rounds)])
                 for r in got:
                     r["requests"] = "whole mix"
                 for (prompt, answer, stream), body in zip(MIX_FAKE, bodies, strict=True):
@@ -554,6 +571,29 @@ def _mix_part(scale: float) -> list[dict[str, Any]]:
             fake.terminate()
             fake.wait(10)
     return rows
+
+
+_FIGURES = ("p50_ms", "p99_ms", "rps", "cpu_ms_per_req", "added_p50_ms", "added_p99_ms", "throughput_ratio")
+
+
+def median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per path and concurrency from several rounds of `run_suite` (same plan): every figure the median over
+    the rounds; the proxy's row also keeps each round's CPU and throughput ratio to the pass-through of the same round
+    (`cpu_ratios`, `rps_ratios`), so the verdict can show their spread."""
+    out = []
+    for same in zip(*rounds, strict=True):
+        row = {**same[0], "rounds": len(same)}
+        for key in _FIGURES:
+            vals = [r[key] for r in same if r[key] is not None]
+            row[key] = statistics.median(vals) if vals else None
+        out.append(row)
+    for c in {r["concurrency"] for r in out}:
+        per_round = [{r["path"]: r for r in rnd if r["concurrency"] == c} for rnd in rounds]
+        pol = next(r for r in out if r["concurrency"] == c and r["path"] == "polar")
+        pairs = [(x["polar"], x["passthrough"]) for x in per_round if "polar" in x and "passthrough" in x]
+        pol["cpu_ratios"] = [a["cpu_ms_per_req"] / b["cpu_ms_per_req"] for a, b in pairs if b["cpu_ms_per_req"]]
+        pol["rps_ratios"] = [a["rps"] / b["rps"] for a, b in pairs]
+    return out
 
 
 def _vllm_part(scale: float) -> list[dict[str, Any]]:
