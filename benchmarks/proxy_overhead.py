@@ -16,7 +16,10 @@ Long streams (issue 23): the request mix of `peers.py` (1k/8k-token prompts, 64/
 not) on the sized FAKE upstream, pass-through and proxy at c=1 and c=64 and each kind alone at c=1, once with one
 upstream chunk per token (vLLM's default) and once with 8 (`--stream-interval 8`, the embedded backend's setting),
 the whole-mix rows in `--rounds` rounds (3; 1 with `--quick`) reported as medians with each round's ratio; and on
-real vLLM what that interval costs a client (time to first and last token of a 128-token stream).
+real vLLM what that interval costs a client (time to first and last token of a 128-token stream). The mix adds a
+fourth path, `passthrough+tokens`: the pass-through asking the upstream for the token data our proxy asks for
+(the proxy's own `VLLMEngine.token_fields`), so the engine sends it the same bytes as the proxy (the floor for any
+proxy that captures tokens: no parsing of the answer, no record).
 
     .venv/bin/python benchmarks/proxy_overhead.py [--quick] [--no-vllm] [--no-mix | --mix-only] [--rounds N]
         [--json out.json]
@@ -139,9 +142,24 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def _passthrough_main(port: int, upstream: str) -> None:
-    """The minimal aiohttp pass-through (the floor): forward the body, return the upstream bytes."""
+def _passthrough_main(port: int, upstream: str, tokens: bool = False) -> None:
+    """The minimal aiohttp pass-through (the floor): forward the body, return the upstream bytes.
+
+    With `tokens` (`passthrough+tokens`): the body is parsed and given the token fields our proxy's vLLM engine
+    adds (taken from `VLLMEngine.token_fields`, not copied, so the two ask the engine for the same token data), and
+    a streamed answer is forwarded a read at a time as it arrives, as a proxy that streams must; the answer's bytes
+    are still not looked at.
+    """
+    import orjson
     from aiohttp import web
+
+    fields: dict[bool, dict[str, Any]] = {}
+    if tokens:
+        from nemo_polar.proxy.engines.base import Upstreams
+        from nemo_polar.proxy.engines.vllm import VLLMEngine
+
+        engine = VLLMEngine(Upstreams([upstream]))  # no stream_interval, as the benchmark's proxy runs
+        fields = {stream: engine.token_fields(stream) for stream in (False, True)}
 
     async def ctx(app: web.Application):  # type: ignore[no-untyped-def]
         app["http"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024))
@@ -156,20 +174,39 @@ def _passthrough_main(port: int, upstream: str) -> None:
             data = await r.read()
             return web.Response(status=r.status, body=data, content_type="application/json")
 
+    async def with_tokens(request: web.Request) -> web.StreamResponse:
+        body = orjson.loads(await request.read())
+        stream = bool(body.get("stream"))
+        body.update(fields[stream])
+        async with request.app["http"].post(
+            upstream + request.path, data=orjson.dumps(body), headers={"Content-Type": "application/json"}
+        ) as r:
+            headers = {"Content-Type": r.headers.get("Content-Type", "application/json")}
+            if not stream:
+                return web.Response(status=r.status, body=await r.read(), headers=headers)
+            out = web.StreamResponse(status=r.status, headers=headers)
+            await out.prepare(request)
+            async for data in r.content.iter_any():
+                await out.write(data)
+            await out.write_eof()
+            return out
+
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.cleanup_ctx.append(ctx)
-    app.router.add_post("/{tail:.*}", handler)
+    app.router.add_post("/{tail:.*}", with_tokens if tokens else handler)
     app.router.add_get("/", lambda r: web.Response(text="ok"))
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
 class Stack:
-    """The upstream (given) plus our proxy and the pass-through as subprocesses in front of it."""
+    """The upstream (given) plus our proxy and the pass-through as subprocesses in front of it (and with `tokens`
+    the pass-through asking for the proxy's token data, `passthrough+tokens`)."""
 
-    def __init__(self, upstream: str, model: str, proxy_args: tuple[str, ...] = ()):
+    def __init__(self, upstream: str, model: str, proxy_args: tuple[str, ...] = (), tokens: bool = False):
         self.upstream = upstream
         self.model = model
         self.proxy_args = proxy_args
+        self.tokens = tokens
         self.procs: list[subprocess.Popen[bytes]] = []
         self.tmp = tempfile.mkdtemp(prefix="polar-bench-")
 
@@ -201,6 +238,15 @@ class Stack:
             stderr=subprocess.DEVNULL,
         )
         self.procs += [self.polar, self.pt]
+        if self.tokens:
+            self.ptt_port = free_port()
+            self.ptt = subprocess.Popen(
+                [sys.executable, __file__, "--passthrough", str(self.ptt_port), self.upstream, "--tokens"],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            self.procs.append(self.ptt)
+            _wait(f"http://127.0.0.1:{self.ptt_port}/")
         _wait(f"http://127.0.0.1:{self.polar_port}/")
         _wait(f"http://127.0.0.1:{self.pt_port}/")
         req = urllib.request.Request(
@@ -224,9 +270,15 @@ class Stack:
 
     def targets(self) -> list[tuple[str, str, dict[str, str], int | None]]:
         h = {"Content-Type": "application/json"}
+        tokens = (
+            [("passthrough+tokens", f"http://127.0.0.1:{self.ptt_port}/v1/chat/completions", h, self.ptt.pid)]
+            if self.tokens
+            else []
+        )
         return [
             ("direct", self.upstream + "/v1/chat/completions", h, None),
             ("passthrough", f"http://127.0.0.1:{self.pt_port}/v1/chat/completions", h, self.pt.pid),
+            *tokens,
             (
                 "polar",
                 f"http://127.0.0.1:{self.polar_port}/v1/chat/completions",
@@ -236,7 +288,7 @@ class Stack:
         ]
 
 
-def run_suite(label: str, stack: Stack, body: bytes, plan: dict[int, int]) -> list[dict[str, Any]]:
+def run_suite(label: str, stack: Stack, body: bytes | list[bytes], plan: dict[int, int]) -> list[dict[str, Any]]:
     rows = []
     for c, n in plan.items():
         base: dict[str, Any] = {}
@@ -264,7 +316,7 @@ def run_suite(label: str, stack: Stack, body: bytes, plan: dict[int, int]) -> li
 
 
 HEADER = (
-    f"{'upstream':<17} {'path':<12} {'c':>3} {'n':>5} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} "
+    f"{'upstream':<17} {'path':<18} {'c':>3} {'n':>5} {'p50 ms':>8} {'p99 ms':>8} {'+p50 ms':>8} {'+p99 ms':>8} "
     f"{'req/s':>8} {'ratio':>6} {'CPU ms/req':>10}"
 )
 
@@ -272,7 +324,7 @@ HEADER = (
 def _fmt(r: dict[str, Any]) -> str:
     cpu = "-" if r["cpu_ms_per_req"] is None else f"{r['cpu_ms_per_req']:.2f}"
     return (
-        f"{r['upstream']:<17} {r['path']:<12} {r['concurrency']:>3} {r['n']:>5} {r['p50_ms']:>8.2f} "
+        f"{r['upstream']:<17} {r['path']:<18} {r['concurrency']:>3} {r['n']:>5} {r['p50_ms']:>8.2f} "
         f"{r['p99_ms']:>8.2f} {r['added_p50_ms']:>8.2f} {r['added_p99_ms']:>8.2f} {r['rps']:>8.1f} "
         f"{r['throughput_ratio']:>6.2f} {cpu:>10}"
     )
@@ -289,9 +341,10 @@ def main() -> int:
     )
     ap.add_argument("--json", default=None, help="also write the rows here")
     ap.add_argument("--passthrough", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
+    ap.add_argument("--tokens", action="store_true", help=argparse.SUPPRESS)  # with --passthrough
     args = ap.parse_args()
     if args.passthrough:
-        _passthrough_main(int(args.passthrough[0]), args.passthrough[1])
+        _passthrough_main(int(args.passthrough[0]), args.passthrough[1], tokens=args.tokens)
         return 0
     rows: list[dict[str, Any]] = []
     scale = 0.25 if args.quick else 1.0
@@ -426,6 +479,9 @@ def mix_verdict(mix: list[dict[str, Any]]) -> str:
                     f"{_spread(pol.get('rps_ratios'))} (≥ 0.5×: {'met' if y >= 0.5 else 'NOT met'})"
                 )
             lines.append(line)
+            ptt = by.get((interval, "whole mix", "passthrough+tokens", c))
+            if ptt and ptt["cpu_ms_per_req"]:
+                lines.append("  - " + _tokens_line(pol, pt, ptt, c))
     from nemo_polar.proxy.engines.vllm_stream import SCANNER  # the proxy subprocess runs this Python: the same scanner
 
     lines.append(
@@ -433,6 +489,28 @@ def mix_verdict(mix: list[dict[str, Any]]) -> str:
         f"; load average {os.getloadavg()[0]:.1f}"
     )
     return "Long-stream bars (issue 23, same run):\n\n" + "\n".join(lines)
+
+
+def _tokens_line(pol: dict[str, Any], pt: dict[str, Any], ptt: dict[str, Any], c: int) -> str:
+    """The pass-through asking for the proxy's token data (`passthrough+tokens`) against the plain one, and the proxy
+    against it: the share of the proxy's extra CPU that is the token data itself (the engine's bytes, not our work)."""
+    cpu, pt_cpu, pol_cpu = ptt["cpu_ms_per_req"], pt["cpu_ms_per_req"], pol["cpu_ms_per_req"]
+    line = (
+        f"the pass-through asking for the same token data: {cpu:.2f} ms = {cpu / pt_cpu:.2f}× the plain one"
+        f"{_spread(ptt.get('cpu_ratios'))}; proxy vs it: **{pol_cpu / cpu:.2f}×**{_spread(pol.get('cpu_ratios_vs_tokens'))}"
+    )
+    if pol_cpu > pt_cpu:
+        line += (
+            f"; the token data: {cpu - pt_cpu:+.2f} ms of the proxy's {pol_cpu - pt_cpu:+.2f} ms over the plain one "
+            f"({100 * (cpu - pt_cpu) / (pol_cpu - pt_cpu):.0f} %)"
+        )
+    if c == 64:
+        line += (
+            f"; throughput {ptt['rps']:.0f} req/s = {ptt['rps'] / pt['rps']:.2f}× the plain one"
+            f"{_spread(ptt.get('rps_ratios'))}; proxy vs it: **{pol['rps'] / ptt['rps']:.2f}×**"
+            f"{_spread(pol.get('rps_ratios_vs_tokens'))}"
+        )
+    return line
 
 
 def _spread(ratios: list[float] | None) -> str:
@@ -533,9 +611,10 @@ def _mix_part(scale: float, rounds: int = 1) -> list[dict[str, Any]]:
     """The long-stream mix of `peers.py` (1k/8k-token prompts, 64/512-token answers, streaming and not) on the sized
     FAKE upstream, through the pass-through and the proxy at c=1 and c=64, then each request kind alone at c=1
     (where the proxy's CPU goes); once with one upstream chunk per token (vLLM's default) and once with 8 tokens a
-    chunk (`--stream-interval 8`, what the embedded backend runs with). The whole-mix rows are measured `rounds` times
-    (each round: direct, pass-through and proxy back to back) and reported as medians (`median_rows`): the machine
-    is shared, and one round's ratio moves by ±20 %."""
+    chunk (`--stream-interval 8`, what the embedded backend runs with). Each also through `passthrough+tokens`, the
+    pass-through asking for the proxy's token data (how much of the gap is the bytes the engine sends back). The
+    whole-mix rows are measured `rounds` times (each round: direct, both pass-throughs and proxy back to back) and
+    reported as medians (`median_rows`): the machine is shared, and one round's ratio moves by ±20 %."""
     from peers import MIX_FAKE, mix_bodies
 
     rows: list[dict[str, Any]] = []
@@ -554,7 +633,7 @@ def _mix_part(scale: float, rounds: int = 1) -> list[dict[str, Any]]:
                 f"long-stream mix, {interval} token(s) per upstream chunk (prompt tokens, answer tokens, stream): {MIX_FAKE}"
             )
             print(HEADER)
-            with Stack(f"http://127.0.0.1:{up_port}", "fake-model") as st:
+            with Stack(f"http://127.0.0.1:{up_port}", "fake-model", tokens=True) as st:
                 plan = {1: int(800 * scale), 64: int(2560 * scale)}
                 got = median_rows([run_suite(f"mix/{interval}", st, bodies, plan) for _ in range(rounds)])
                 for r in got:
@@ -576,10 +655,19 @@ def _mix_part(scale: float, rounds: int = 1) -> list[dict[str, Any]]:
 _FIGURES = ("p50_ms", "p99_ms", "rps", "cpu_ms_per_req", "added_p50_ms", "added_p99_ms", "throughput_ratio")
 
 
+# (path, the path it is compared with, suffix of the keys its per-round ratios go under)
+_ROUND_RATIOS = (
+    ("polar", "passthrough", ""),
+    ("passthrough+tokens", "passthrough", ""),
+    ("polar", "passthrough+tokens", "_vs_tokens"),
+)
+
+
 def median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per path and concurrency from several rounds of `run_suite` (same plan): every figure the median over
-    the rounds; the proxy's row also keeps each round's CPU and throughput ratio to the pass-through of the same round
-    (`cpu_ratios`, `rps_ratios`), so the verdict can show their spread."""
+    the rounds; the rows of the proxy and of `passthrough+tokens` also keep each round's CPU and throughput ratio to
+    the pass-through of the same round (`cpu_ratios`, `rps_ratios`), and the proxy's its ratio to `passthrough+tokens`
+    (`cpu_ratios_vs_tokens`, `rps_ratios_vs_tokens`), so the verdict can show their spread."""
     out = []
     for same in zip(*rounds, strict=True):
         row = {**same[0], "rounds": len(same)}
@@ -587,12 +675,17 @@ def median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
             vals = [r[key] for r in same if r[key] is not None]
             row[key] = statistics.median(vals) if vals else None
         out.append(row)
+    medians = {(r["path"], r["concurrency"]): r for r in out}
     for c in {r["concurrency"] for r in out}:
         per_round = [{r["path"]: r for r in rnd if r["concurrency"] == c} for rnd in rounds]
-        pol = next(r for r in out if r["concurrency"] == c and r["path"] == "polar")
-        pairs = [(x["polar"], x["passthrough"]) for x in per_round if "polar" in x and "passthrough" in x]
-        pol["cpu_ratios"] = [a["cpu_ms_per_req"] / b["cpu_ms_per_req"] for a, b in pairs if b["cpu_ms_per_req"]]
-        pol["rps_ratios"] = [a["rps"] / b["rps"] for a, b in pairs]
+        for path, floor, suffix in _ROUND_RATIOS:
+            if (path, c) not in medians or (floor, c) not in medians:
+                continue
+            pairs = [(x[path], x[floor]) for x in per_round if path in x and floor in x]
+            medians[path, c]["cpu_ratios" + suffix] = [
+                a["cpu_ms_per_req"] / b["cpu_ms_per_req"] for a, b in pairs if b["cpu_ms_per_req"]
+            ]
+            medians[path, c]["rps_ratios" + suffix] = [a["rps"] / b["rps"] for a, b in pairs]
     return out
 
 

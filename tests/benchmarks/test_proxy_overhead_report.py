@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """`benchmarks/proxy_overhead.py`'s long-stream report: rounds are folded into medians, each round's ratio is kept
-against the pass-through of the same round, and the verdict is on the medians (pure functions; no servers)."""
+against the pass-through of the same round, and the verdict is on the medians; the pass-through asking for the
+proxy's token data (`passthrough+tokens`) is reported beside it, never in its place (pure functions; no servers)."""
 
 from __future__ import annotations
 
@@ -14,14 +15,22 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import proxy_overhead as po
 
 
-def _round(polar_cpu: float, pt_cpu: float, polar_rps: float, pt_rps: float) -> list[dict[str, object]]:
+def _round(
+    polar_cpu: float,
+    pt_cpu: float,
+    polar_rps: float,
+    pt_rps: float,
+    tokens: tuple[float, float] | None = None,
+) -> list[dict[str, object]]:
+    """One round of `run_suite` rows at c=1 and c=64; `tokens`: (CPU, req/s) of `passthrough+tokens`, measured in the
+    round between the plain pass-through and the proxy as the mix part does."""
+    paths: list[tuple[str, float | None, float]] = [("direct", None, 1000.0), ("passthrough", pt_cpu, pt_rps)]
+    if tokens:
+        paths.append(("passthrough+tokens", *tokens))
+    paths.append(("polar", polar_cpu, polar_rps))
     rows = []
     for c in (1, 64):
-        for path, cpu, rps in (
-            ("direct", None, 1000.0),
-            ("passthrough", pt_cpu, pt_rps),
-            ("polar", polar_cpu, polar_rps),
-        ):
+        for path, cpu, rps in paths:
             rows.append(
                 {
                     "upstream": "mix/1",
@@ -64,3 +73,51 @@ def test_one_round_prints_no_spread() -> None:
         r["interval"], r["requests"] = 8, "whole mix"
     verdict = po.mix_verdict(rows)
     assert "= **1.60×** (≤ 2×: met)" in verdict and "rounds:" not in verdict
+
+
+def test_passthrough_with_token_data_is_reported_beside_the_plain_one() -> None:
+    rows = po.median_rows(
+        [
+            _round(2.0, 0.5, 300, 900, tokens=(1.0, 600)),
+            _round(3.0, 0.5, 100, 1000, tokens=(1.5, 500)),
+            _round(1.8, 0.4, 400, 800, tokens=(0.6, 700)),
+        ]
+    )
+    ptt = next(r for r in rows if r["path"] == "passthrough+tokens" and r["concurrency"] == 64)
+    pol = next(r for r in rows if r["path"] == "polar" and r["concurrency"] == 64)
+    assert (ptt["cpu_ms_per_req"], ptt["rps"]) == (1.0, 600)
+    assert ptt["cpu_ratios"] == pytest.approx([2.0, 3.0, 1.5]) and ptt["rps_ratios"] == pytest.approx(
+        [600 / 900, 0.5, 700 / 800]
+    )
+    # the proxy's own ratios stay against the plain pass-through; those against passthrough+tokens come beside them
+    assert pol["cpu_ratios"] == pytest.approx([4.0, 6.0, 4.5])
+    assert pol["cpu_ratios_vs_tokens"] == pytest.approx([2.0, 2.0, 3.0])
+    assert pol["rps_ratios_vs_tokens"] == pytest.approx([0.5, 0.2, 400 / 700])
+
+    for r in rows:
+        r["interval"], r["requests"] = 1, "whole mix"
+    verdict = po.mix_verdict(rows)
+    # the acceptance is still against the plain pass-through (medians 2.0 / 0.5 ms)
+    assert "= **4.00×** (rounds: 4.00, 6.00, 4.50) (≤ 2×: NOT met)" in verdict
+    assert "throughput 300 vs 900 req/s = **0.33×**" in verdict
+    lines = verdict.splitlines()
+    c1 = lines.index(next(line for line in lines if "c=1:" in line))
+    assert lines[c1 + 1] == (
+        "  - the pass-through asking for the same token data: 1.00 ms = 2.00× the plain one (rounds: 2.00, 3.00, 1.50)"
+        "; proxy vs it: **2.00×** (rounds: 2.00, 2.00, 3.00); the token data: +0.50 ms of the proxy's +1.50 ms over "
+        "the plain one (33 %)"
+    )
+    c64 = next(line for line in lines if line.startswith("  - ") and "throughput" in line)
+    assert c64.endswith(
+        "; throughput 600 req/s = 0.67× the plain one (rounds: 0.67, 0.50, 0.88); proxy vs it: **0.50×** "
+        "(rounds: 0.50, 0.20, 0.57)"
+    )
+    assert sum(line.startswith("  - ") for line in lines) == 2  # one per concurrency
+
+
+def test_no_token_line_without_its_rows() -> None:
+    rows = po.median_rows([_round(0.8, 0.5, 600, 900)])
+    assert not any("cpu_ratios_vs_tokens" in r for r in rows)
+    for r in rows:
+        r["interval"], r["requests"] = 1, "whole mix"
+    assert "token data" not in po.mix_verdict(rows)
