@@ -41,8 +41,9 @@ class FakeBehaviour:
     chunk_delay_s: float = 0.0  # streaming: pause between chunks
     keep_requests: bool = True
     # sized: answer as vLLM would for THIS request: ~1 prompt id per 4 bytes of messages + tools, `max_tokens` sampled
-    # ids (a request mix of 1k/8k-token prompts and 64-512-token answers); a stream then carries one chunk per token,
-    # all written at once (an infinitely fast model)
+    # ids (a request mix of 1k/8k-token prompts and 64-512-token answers); token ids only with `return_token_ids` and
+    # logprobs only with `logprobs`, as vLLM; a stream then carries one chunk per token, all written at once (an
+    # infinitely fast model)
     sized: bool = False
     # sized streams: tokens per chunk, as vLLM's `--stream-interval` (or a request's `stream_interval`, the larger
     # wins): the first token alone, then every N tokens, the rest with the finish reason
@@ -210,6 +211,7 @@ class FakeUpstream:
             bool(body.get("tools")),
             bool(body.get("return_tokens_as_token_ids")),
             bool(body.get("return_token_ids")),
+            bool(body.get("logprobs")),
             self._sizes(body),
             self.behaviour.corrupt,
         )
@@ -246,12 +248,21 @@ class FakeUpstream:
             if body.get("return_token_ids") or not self.behaviour.sized:  # sized: only when asked, as vLLM does
                 out["prompt_token_ids"] = prompt
                 choice["token_ids"] = gen
-            choice["logprobs"] = {
-                "content": [
-                    {"token": f"token_id:{t}" if as_ids else f"t{t}", "logprob": lp, "bytes": None, "top_logprobs": []}
-                    for t, lp in zip(gen, lps, strict=True)
-                ]
-            }
+            choice["logprobs"] = (
+                {
+                    "content": [
+                        {
+                            "token": f"token_id:{t}" if as_ids else f"t{t}",
+                            "logprob": lp,
+                            "bytes": None,
+                            "top_logprobs": [],
+                        }
+                        for t, lp in zip(gen, lps, strict=True)
+                    ]
+                }
+                if body.get("logprobs") or not self.behaviour.sized  # sized: only when asked, as vLLM does
+                else None
+            )
         return out
 
     async def _chat_stream(self, request: web.Request, body: dict[str, Any]) -> web.StreamResponse:
@@ -322,8 +333,9 @@ class FakeUpstream:
         """One chunk per token (or per `stream_interval` tokens), as vLLM streams, pre-rendered per size and written at
         once."""
         as_ids, with_ids = bool(body.get("return_tokens_as_token_ids")), bool(body.get("return_token_ids"))
+        with_lps = bool(body.get("logprobs"))  # as vLLM: `"logprobs": null` in every chunk unless asked
         every = max(self.behaviour.stream_interval, int(body.get("stream_interval") or 1))
-        key = ("stream", body.get("model"), self._sizes(body), as_ids, with_ids, every)
+        key = ("stream", body.get("model"), self._sizes(body), as_ids, with_ids, with_lps, every)
         data = self._cache.get(key)
         if data is None:
             prompt, gen, lps = self._ids(body)
@@ -344,7 +356,9 @@ class FakeUpstream:
                             {"token": t, "logprob": lp, "top_logprobs": []}
                             for t, lp in zip(toks, lps[a:b], strict=True)
                         ]
-                    },
+                    }
+                    if with_lps
+                    else None,
                     "finish_reason": "length" if b == len(gen) else None,
                 }
                 if with_ids:
