@@ -42,7 +42,6 @@ import copy
 import importlib.util
 import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import ModuleType
@@ -50,6 +49,7 @@ from typing import Any
 
 from _rollout import REPO, Stack, missing_parts
 from _tables import table
+from _workdir import work_dir
 
 from nemo_polar.runtime.sandbox import AGENT_HOME
 
@@ -227,32 +227,34 @@ async def run_all(args: argparse.Namespace, engine: Any) -> list[dict[str, Any]]
     conv = convert_module()
     base = {"upstreams": [engine.base_url], "served_model": engine.model, "eot_token_ids": engine.eot_token_ids}
     configs = {"before": {"prefix_preserving": None}, "after": {"prefix_preserving": "splice"}}
-    work = Path(tempfile.mkdtemp(prefix="polar-delivered-"))
     rows: list[dict[str, Any]] = []
-    for i in range(args.sessions):
-        for harness in args.harnesses:
-            for config, extra in configs.items():
-                options = {**base, **extra}
-                if extra["prefix_preserving"] == "splice":
-                    options["model_dir"] = str(engine.model_dir)
-                tag = f"{config}-{harness}-{i}"
-                t0 = time.monotonic()
-                async with Stack(work / tag, options) as stack:
-                    task = make_task(args.task, harness, task_id=f"df-{tag}", next_speaker_check=not args.qwen_default)
-                    ((result, records),) = await stack.run(task)
-                label = harness
-                if harness == "qwen_code":
-                    label += " (as shipped)" if args.qwen_default else " (next-speaker check on)"
-                new = session_rows(conv, config, label, result, records, time.monotonic() - t0)
-                rows += new
-                r = new[0]
-                print(
-                    f"  {harness:<12} {config:<7} #{i}: {r['status']} reward={r['reward']} kinds={r['kinds']} "
-                    f"calls {r['delivered_calls']}/{r['calls']} tokens {r['delivered_generated_tokens']}/"
-                    f"{r['generated_tokens']} trainable {r['delivered_trainable_tokens']}/{r['trainable_tokens']} "
-                    f"main traces {r['main_traces']} ({r['wall_s']:.0f} s)",
-                    flush=True,
-                )
+    with work_dir("polar-delivered-") as work:
+        for i in range(args.sessions):
+            for harness in args.harnesses:
+                for config, extra in configs.items():
+                    options = {**base, **extra}
+                    if extra["prefix_preserving"] == "splice":
+                        options["model_dir"] = str(engine.model_dir)
+                    tag = f"{config}-{harness}-{i}"
+                    t0 = time.monotonic()
+                    async with Stack(work / tag, options) as stack:
+                        task = make_task(
+                            args.task, harness, task_id=f"df-{tag}", next_speaker_check=not args.qwen_default
+                        )
+                        ((result, records),) = await stack.run(task)
+                    label = harness
+                    if harness == "qwen_code":
+                        label += " (as shipped)" if args.qwen_default else " (next-speaker check on)"
+                    new = session_rows(conv, config, label, result, records, time.monotonic() - t0)
+                    rows += new
+                    r = new[0]
+                    print(
+                        f"  {harness:<12} {config:<7} #{i}: {r['status']} reward={r['reward']} kinds={r['kinds']} "
+                        f"calls {r['delivered_calls']}/{r['calls']} tokens {r['delivered_generated_tokens']}/"
+                        f"{r['generated_tokens']} trainable {r['delivered_trainable_tokens']}/{r['trainable_tokens']} "
+                        f"main traces {r['main_traces']} ({r['wall_s']:.0f} s)",
+                        flush=True,
+                    )
     return rows
 
 

@@ -34,6 +34,7 @@ import _path  # noqa: F401  (the repository root, for polar_lab)
 import aiohttp
 import proxy_overhead as po
 from _tables import note, table
+from _workdir import release
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -214,6 +215,7 @@ def _one(upstream: str, body: bytes, n_sessions: int, calls: int, concurrency: i
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
+        release(work, sys.exc_info()[1])  # the exception propagating, if any
 
 
 if __name__ == "__main__":

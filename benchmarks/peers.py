@@ -52,6 +52,7 @@ import _path  # noqa: F401  (the repository root, for polar_lab)
 import aiohttp
 import proxy_overhead as po
 from _tables import note, table
+from _workdir import release
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -209,7 +210,8 @@ async def drive(
 
 @dataclass
 class Peer:
-    """A path to the upstream: `start` it in front of an upstream, `target` to drive it, `tokens` to check it."""
+    """A path to the upstream: `start` it in front of an upstream, `target` to drive it, `tokens` to check it,
+    `close` to stop it and remove its work directory `tmp` (its log and config, polar's record store)."""
 
     name: str
     skipped: str | None = None
@@ -219,6 +221,7 @@ class Peer:
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     tmp: str = ""
     streams: bool = True
+    error: BaseException | None = None
 
     def start(self, upstream: str, model: str) -> None:
         raise NotImplementedError
@@ -244,8 +247,19 @@ class Peer:
         self.procs.clear()
         self.pids.clear()
 
-    def _spawn(self, argv: list[str], env: dict[str, str] | None = None, log: str = "log.txt") -> None:
+    def close(self, exc: BaseException | None = None) -> None:
+        """Stop the peer, then remove its work directory (kept when `exc` or `error` says it failed)."""
+        self.stop()
+        release(self.tmp, exc or self.error)
+        self.tmp = ""
+
+    def _work(self) -> str:
+        """The peer's work directory, created on first use."""
         self.tmp = self.tmp or tempfile.mkdtemp(prefix=f"polar-peer-{self.name}-")
+        return self.tmp
+
+    def _spawn(self, argv: list[str], env: dict[str, str] | None = None, log: str = "log.txt") -> None:
+        self._work()
         with open(Path(self.tmp) / log, "ab") as f:
             p = subprocess.Popen(
                 argv, env=env, stdout=f, stderr=subprocess.STDOUT, cwd=self.tmp, start_new_session=True
@@ -301,7 +315,7 @@ class Polar(Peer):
                 "--port",
                 str(port),
                 "--store",
-                tempfile.mkdtemp(prefix="polar-peer-store-"),
+                str(Path(self._work()) / "store"),
                 "--served-model",
                 model,
             ],
@@ -368,7 +382,7 @@ class LiteLLM(Peer):
             capture_output=True,
             text=True,
         ).stdout.strip()
-        self.tmp = tempfile.mkdtemp(prefix="polar-peer-litellm-")
+        self._work()
         Path(self.tmp, "peer_hooks.py").write_text(LITELLM_HOOKS)
         self.stats = Path(self.tmp) / "stats.json"
         cfg = {
@@ -429,7 +443,7 @@ class Gym(Peer):
         from tests.gym.gym_env import build_gym_venv, http_json, listening_pids
 
         venv = build_gym_venv(timeout_s=1800)
-        self.tmp = tempfile.mkdtemp(prefix="polar-peer-gym-")
+        self._work()
         head, port = po.free_port(), po.free_port()
         cfg = {
             "config_paths": ["responses_api_models/vllm_model/configs/vllm_model_for_training.yaml"],
@@ -533,7 +547,7 @@ def run_suite(
             try:
                 peer.start(upstream, model)
             except Exception as exc:  # a peer that cannot be set up is reported, not fatal
-                peer.stop()
+                peer.close(exc)
                 msg = str(exc).strip().splitlines()[-1] if str(exc).strip() else ""
                 reason = f"{type(exc).__name__}: {msg}"[:300]
                 print(f"  {peer.name}: skipped ({reason})", flush=True)
@@ -571,6 +585,7 @@ def run_suite(
                     print(f"  {peer.name}: failed mid-run ({type(exc).__name__}: {exc})", flush=True)
                     rows.append({"upstream": label, "path": peer.name, "skipped": f"failed mid-run: {exc}"[:300]})
                     failed.add(peer.name)
+                    peer.error = exc
                     continue
                 if peer.name == "direct":
                     base[key] = row
@@ -599,7 +614,7 @@ def run_suite(
                 print(f"  {peer.name}: token ids in the record: {tok}", flush=True)
     finally:
         for peer in live:
-            peer.stop()
+            peer.close(sys.exc_info()[1])  # the exception propagating, if any
     return rows
 
 

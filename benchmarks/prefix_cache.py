@@ -35,13 +35,13 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from _rollout import Stack, example_task, missing_parts, reset_prefix_cache, vllm_counters
 from _tables import note, table
+from _workdir import work_dir
 
 CONFIGS: dict[str, dict[str, Any]] = {
     "round_robin": {"routing": "round_robin"},
@@ -221,34 +221,34 @@ async def run_all(args: argparse.Namespace, engines: list[Any]) -> list[dict[str
     urls = [e.base_url for e in engines]
     model, model_dir, eot = engines[0].model, str(engines[0].model_dir), engines[0].eot_token_ids
     rows: list[dict[str, Any]] = []
-    work = Path(tempfile.mkdtemp(prefix="polar-prefix-cache-"))
-    for i in range(args.sessions):  # configurations interleaved per round: load drifts hit all three alike
-        for harness in args.harnesses:
-            for name, cfg in CONFIGS.items():
-                options: dict[str, Any] = {"upstreams": urls, "served_model": model, "eot_token_ids": eot}
-                if cfg.get("prefix_preserving") == "splice":
-                    options.update(prefix_preserving="splice", model_dir=model_dir)
-                tag = f"{name.replace(' + ', '-')}-{harness}-{i}"
-                async with Stack(work / tag, options, routing=cfg["routing"]) as stack:
-                    task = example_task(
-                        args.task, harness, plan="fix_plan", task_id=f"pc-{tag}", builder="per_request"
+    with work_dir("polar-prefix-cache-") as work:
+        for i in range(args.sessions):  # configurations interleaved per round: load drifts hit all three alike
+            for harness in args.harnesses:
+                for name, cfg in CONFIGS.items():
+                    options: dict[str, Any] = {"upstreams": urls, "served_model": model, "eot_token_ids": eot}
+                    if cfg.get("prefix_preserving") == "splice":
+                        options.update(prefix_preserving="splice", model_dir=model_dir)
+                    tag = f"{name.replace(' + ', '-')}-{harness}-{i}"
+                    async with Stack(work / tag, options, routing=cfg["routing"]) as stack:
+                        task = example_task(
+                            args.task, harness, plan="fix_plan", task_id=f"pc-{tag}", builder="per_request"
+                        )
+                        reset_prefix_cache(urls)
+                        before = vllm_counters(urls)
+                        t0 = time.monotonic()
+                        ((result, records),) = await stack.run(task)
+                        after = vllm_counters(urls)
+                    delta = {k: after[k] - before[k] for k in after}
+                    row = session_row(name, harness, result, records, delta)
+                    row["engines"] = len(urls)
+                    rows.append(row)
+                    print(
+                        f"  {harness:<12} {name:<16} #{i}: {result.status} reward={result.reward} calls={row['calls']} "
+                        f"prompt={row['prompt_tokens']} cached_after_first={row['cached_after_first']}/"
+                        f"{row['prompt_after_first']} prefill={row['prefill']:.0f} endpoints={row['endpoints']} "
+                        f"spliced={row['spliced']} ({time.monotonic() - t0:.0f} s)",
+                        flush=True,
                     )
-                    reset_prefix_cache(urls)
-                    before = vllm_counters(urls)
-                    t0 = time.monotonic()
-                    ((result, records),) = await stack.run(task)
-                    after = vllm_counters(urls)
-                delta = {k: after[k] - before[k] for k in after}
-                row = session_row(name, harness, result, records, delta)
-                row["engines"] = len(urls)
-                rows.append(row)
-                print(
-                    f"  {harness:<12} {name:<16} #{i}: {result.status} reward={result.reward} calls={row['calls']} "
-                    f"prompt={row['prompt_tokens']} cached_after_first={row['cached_after_first']}/"
-                    f"{row['prompt_after_first']} prefill={row['prefill']:.0f} endpoints={row['endpoints']} "
-                    f"spliced={row['spliced']} ({time.monotonic() - t0:.0f} s)",
-                    flush=True,
-                )
     return rows
 
 

@@ -42,6 +42,7 @@ from typing import Any
 
 import _path  # noqa: F401  (the repository root, for polar_lab)
 import aiohttp
+from _workdir import release, work_dir
 
 from nemo_polar.backend.server import free_port
 
@@ -200,7 +201,8 @@ def _passthrough_main(port: int, upstream: str, tokens: bool = False) -> None:
 
 class Stack:
     """The upstream (given) plus our proxy and the pass-through as subprocesses in front of it (and with `tokens`
-    the pass-through asking for the proxy's token data, `passthrough+tokens`)."""
+    the pass-through asking for the proxy's token data, `passthrough+tokens`). The proxy's record store is a
+    temporary directory, removed at the exit (kept when the block or the start fails: `_workdir`)."""
 
     def __init__(self, upstream: str, model: str, proxy_args: tuple[str, ...] = (), tokens: bool = False):
         self.upstream = upstream
@@ -208,9 +210,18 @@ class Stack:
         self.proxy_args = proxy_args
         self.tokens = tokens
         self.procs: list[subprocess.Popen[bytes]] = []
-        self.tmp = tempfile.mkdtemp(prefix="polar-bench-")
+        self.tmp = ""
 
     def __enter__(self) -> Stack:
+        self.tmp = tempfile.mkdtemp(prefix="polar-bench-")
+        try:
+            self._start()
+        except BaseException as exc:  # no `with` body will run: stop what started, keep the store
+            self.__exit__(type(exc), exc, exc.__traceback__)
+            raise
+        return self
+
+    def _start(self) -> None:
         env = {**os.environ, "POLAR_CONTROL_TOKEN": CONTROL}
         self.polar_port, self.pt_port = free_port(), free_port()
         self.polar = subprocess.Popen(
@@ -257,9 +268,8 @@ class Stack:
         )
         with urllib.request.urlopen(req) as r:
             self.key = json.loads(r.read())["api_key"]
-        return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, exc_type: object, exc: BaseException | None, tb: object) -> None:
         for p in self.procs:
             p.terminate()
         for p in self.procs:
@@ -267,6 +277,8 @@ class Stack:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait(10)
+        release(self.tmp, exc)
 
     def targets(self) -> list[tuple[str, str, dict[str, str], int | None]]:
         h = {"Content-Type": "application/json"}
@@ -549,7 +561,6 @@ def _emit_verdict(rows: list[dict[str, Any]]) -> None:
 
 def own_work_profile(n: int = 400) -> dict[str, float]:
     """CPU seconds per request of each step the proxy adds to a pass-through (docs/performance.md's request and answer)."""
-    import tempfile
     import uuid
 
     from nemo_polar.proxy.dialects import openai_chat
@@ -589,9 +600,8 @@ def own_work_profile(n: int = 400) -> dict[str, float]:
         "render the reply": per(lambda: orjson.dumps(openai_chat.render_response(res, req))),
         "encode the record": per(lambda: record_bytes(rec)),
     }
-    store = RecordStore(tempfile.mkdtemp(prefix="polar-prof-"))
 
-    async def commits() -> float:
+    async def commits(store: RecordStore) -> float:
         store.open()
         t0 = time.process_time()
         for i in range(n):
@@ -600,7 +610,8 @@ def own_work_profile(n: int = 400) -> dict[str, float]:
         store.close()
         return (time.process_time() - t0) / n
 
-    out["SQLite WAL insert"] = asyncio.run(commits()) - out["encode the record"]
+    with work_dir("polar-prof-") as tmp:
+        out["SQLite WAL insert"] = asyncio.run(commits(RecordStore(tmp))) - out["encode the record"]
     return out
 
 

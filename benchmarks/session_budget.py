@@ -41,13 +41,13 @@ import asyncio
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 from _rollout import Stack, example_task
 from _tables import note, table
+from _workdir import work_dir
 
 QUICK_HARNESSES = ("claude_code", "codex", "qwen_code")
 PARTS = (
@@ -173,39 +173,45 @@ async def run_all(args: argparse.Namespace, llm: Any) -> list[dict[str, Any]]:
         "eot_token_ids": llm.eot_token_ids,
     }
     rows: list[dict[str, Any]] = []
-    work = Path(tempfile.mkdtemp(prefix="polar-session-budget-"))
-    async with Stack(work, options) as stack:
-        if args.warmup:
-            t0 = time.monotonic()
-            task = example_task(
-                args.tasks[0], args.warmup, plan="fix_plan", task_id="sb-warmup", builder="per_request"
-            )
-            ((result, _),) = await stack.run(task)
-            print(f"  warm-up session ({args.warmup}, not counted): {result.status} ({time.monotonic() - t0:.0f} s)")
-        for task_name in args.tasks:
-            for harness in args.harnesses:
+    with work_dir("polar-session-budget-") as work:
+        async with Stack(work, options) as stack:
+            if args.warmup:
                 t0 = time.monotonic()
                 task = example_task(
-                    task_name, harness, plan="fix_plan", task_id=f"sb-{harness}-{task_name}", builder="prefix_merging"
+                    args.tasks[0], args.warmup, plan="fix_plan", task_id="sb-warmup", builder="per_request"
                 )
-                for result, records in await stack.run(task):
-                    b = budget(stack.marks[result.session_id], records)
-                    rows.append(
-                        {
-                            "harness": harness,
-                            "task": task_name,
-                            "status": result.status,
-                            "reward": result.reward,
-                            "calls": len(records),
-                            "budget": b,
-                        }
+                ((result, _),) = await stack.run(task)
+                print(
+                    f"  warm-up session ({args.warmup}, not counted): {result.status} ({time.monotonic() - t0:.0f} s)"
+                )
+            for task_name in args.tasks:
+                for harness in args.harnesses:
+                    t0 = time.monotonic()
+                    task = example_task(
+                        task_name,
+                        harness,
+                        plan="fix_plan",
+                        task_id=f"sb-{harness}-{task_name}",
+                        builder="prefix_merging",
                     )
-                    parts = " ".join(f"{p}={b[p]:.1f}" for p in PARTS)
-                    print(
-                        f"  {harness:<14} {task_name:<10} {result.status} reward={result.reward} "
-                        f"calls={len(records)} total={b['total']:.1f}s: {parts} ({time.monotonic() - t0:.0f} s)",
-                        flush=True,
-                    )
+                    for result, records in await stack.run(task):
+                        b = budget(stack.marks[result.session_id], records)
+                        rows.append(
+                            {
+                                "harness": harness,
+                                "task": task_name,
+                                "status": result.status,
+                                "reward": result.reward,
+                                "calls": len(records),
+                                "budget": b,
+                            }
+                        )
+                        parts = " ".join(f"{p}={b[p]:.1f}" for p in PARTS)
+                        print(
+                            f"  {harness:<14} {task_name:<10} {result.status} reward={result.reward} "
+                            f"calls={len(records)} total={b['total']:.1f}s: {parts} ({time.monotonic() - t0:.0f} s)",
+                            flush=True,
+                        )
     return rows
 
 
