@@ -236,6 +236,42 @@ def test_the_fake_upstreams_sized_stream_is_read_on_the_fast_path(interval: int,
     assert acc.fast_chunks == chunks and len(acc.ids) == len(acc.logprobs) == 64
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_sized_fake_sends_token_data_only_when_asked(stream: bool) -> None:
+    """As vLLM: prompt/sampled ids only with `return_token_ids`, logprobs only with `logprobs` (`"logprobs": null`
+    otherwise), so a pass-through that asks for neither is not sent them (benchmarks/proxy_overhead.py's floor)."""
+    import asyncio
+
+    import aiohttp
+
+    from polar_lab.fake_upstream import FakeBehaviour, FakeUpstream
+
+    async def fetch(extra: dict[str, Any]) -> bytes:
+        fake = await FakeUpstream(behaviour=FakeBehaviour(sized=True)).start()
+        body = {"model": "m", "messages": [{"role": "user", "content": "x" * 400}], "max_tokens": 16, "stream": stream}
+        try:
+            async with aiohttp.ClientSession() as http:
+                async with http.post(fake.base_url + "/v1/chat/completions", json={**body, **extra}) as r:
+                    return await r.read()
+        finally:
+            await fake.stop()
+
+    def objects(raw: bytes) -> list[dict[str, Any]]:
+        if not stream:
+            return [orjson.loads(raw)]
+        lines = [ln[6:] for ln in raw.split(b"\n") if ln.startswith(b"data: ") and ln != b"data: [DONE]"]
+        return [orjson.loads(ln) for ln in lines]
+
+    plain = objects(asyncio.run(fetch({})))
+    asked = objects(asyncio.run(fetch({"return_token_ids": True, "logprobs": True, "top_logprobs": 0})))
+    choices = [c for o in plain for c in o.get("choices", [])]
+    assert choices and all(c.get("logprobs") is None and "token_ids" not in c for c in choices)
+    assert not any("prompt_token_ids" in o for o in plain)
+    assert any("prompt_token_ids" in o for o in asked)
+    sampled = [e for o in asked for c in o.get("choices", []) for e in (c.get("logprobs") or {}).get("content", [])]
+    assert len(sampled) == 16
+
+
 def test_a_stream_captured_from_vllm_0_32_is_read_on_the_fast_path() -> None:
     """40 tokens streamed by the embedded vLLM 0.32 (`tiny-qwen3`, token capture on, as the proxy asks): the real
     key order and fields (`bytes`, `stop_reason`, `system_fingerprint`), chunks of several tokens, an empty delta."""
