@@ -19,7 +19,9 @@ the whole-mix rows in `--rounds` rounds (3; 1 with `--quick`) reported as median
 real vLLM what that interval costs a client (time to first and last token of a 128-token stream). The mix adds a
 fourth path, `passthrough+tokens`: the pass-through asking the upstream for the token data our proxy asks for
 (the proxy's own `VLLMEngine.token_fields`), so the engine sends it the same bytes as the proxy (the floor for any
-proxy that captures tokens: no parsing of the answer, no record).
+proxy that captures tokens: no parsing of the answer, no record); and a fifth, `passthrough+parse`: the same, also
+reading each non-streamed answer with `orjson` (the least a proxy does to get at the token data: streams are still
+passed on unread, and nothing is kept).
 
     .venv/bin/python benchmarks/proxy_overhead.py [--quick] [--no-vllm] [--no-mix | --mix-only] [--rounds N]
         [--json out.json]
@@ -143,19 +145,20 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def _passthrough_main(port: int, upstream: str, tokens: bool = False) -> None:
+def _passthrough_main(port: int, upstream: str, tokens: bool = False, parse: bool = False) -> None:
     """The minimal aiohttp pass-through (the floor): forward the body, return the upstream bytes.
 
     With `tokens` (`passthrough+tokens`): the body is parsed and given the token fields our proxy's vLLM engine
     adds (taken from `VLLMEngine.token_fields`, not copied, so the two ask the engine for the same token data), and
     a streamed answer is forwarded a read at a time as it arrives, as a proxy that streams must; the answer's bytes
-    are still not looked at.
+    are still not looked at. With `parse` too (`passthrough+parse`): a non-streamed answer is also parsed with
+    `orjson` before its bytes are passed on (the parse is the cost measured; its result is dropped).
     """
     import orjson
     from aiohttp import web
 
     fields: dict[bool, dict[str, Any]] = {}
-    if tokens:
+    if tokens or parse:
         from nemo_polar.proxy.engines.base import Upstreams
         from nemo_polar.proxy.engines.vllm import VLLMEngine
 
@@ -184,7 +187,10 @@ def _passthrough_main(port: int, upstream: str, tokens: bool = False) -> None:
         ) as r:
             headers = {"Content-Type": r.headers.get("Content-Type", "application/json")}
             if not stream:
-                return web.Response(status=r.status, body=await r.read(), headers=headers)
+                data = await r.read()
+                if parse:
+                    orjson.loads(data)
+                return web.Response(status=r.status, body=data, headers=headers)
             out = web.StreamResponse(status=r.status, headers=headers)
             await out.prepare(request)
             async for data in r.content.iter_any():
@@ -194,14 +200,15 @@ def _passthrough_main(port: int, upstream: str, tokens: bool = False) -> None:
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.cleanup_ctx.append(ctx)
-    app.router.add_post("/{tail:.*}", with_tokens if tokens else handler)
+    app.router.add_post("/{tail:.*}", with_tokens if tokens or parse else handler)
     app.router.add_get("/", lambda r: web.Response(text="ok"))
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
 class Stack:
     """The upstream (given) plus our proxy and the pass-through as subprocesses in front of it (and with `tokens`
-    the pass-through asking for the proxy's token data, `passthrough+tokens`). The proxy's record store is a
+    the pass-through asking for the proxy's token data, `passthrough+tokens`, and that one reading non-streamed
+    answers, `passthrough+parse`). The proxy's record store is a
     temporary directory, removed at the exit (kept when the block or the start fails: `_workdir`)."""
 
     def __init__(self, upstream: str, model: str, proxy_args: tuple[str, ...] = (), tokens: bool = False):
@@ -250,14 +257,18 @@ class Stack:
         )
         self.procs += [self.polar, self.pt]
         if self.tokens:
-            self.ptt_port = free_port()
-            self.ptt = subprocess.Popen(
-                [sys.executable, __file__, "--passthrough", str(self.ptt_port), self.upstream, "--tokens"],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+            self.ptt_port, self.ptp_port = free_port(), free_port()
+            self.ptt, self.ptp = (
+                subprocess.Popen(
+                    [sys.executable, __file__, "--passthrough", str(port), self.upstream, flag],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
+                for port, flag in ((self.ptt_port, "--tokens"), (self.ptp_port, "--parse"))
             )
-            self.procs.append(self.ptt)
+            self.procs += [self.ptt, self.ptp]
             _wait(f"http://127.0.0.1:{self.ptt_port}/")
+            _wait(f"http://127.0.0.1:{self.ptp_port}/")
         _wait(f"http://127.0.0.1:{self.polar_port}/")
         _wait(f"http://127.0.0.1:{self.pt_port}/")
         req = urllib.request.Request(
@@ -283,7 +294,10 @@ class Stack:
     def targets(self) -> list[tuple[str, str, dict[str, str], int | None]]:
         h = {"Content-Type": "application/json"}
         tokens = (
-            [("passthrough+tokens", f"http://127.0.0.1:{self.ptt_port}/v1/chat/completions", h, self.ptt.pid)]
+            [
+                ("passthrough+tokens", f"http://127.0.0.1:{self.ptt_port}/v1/chat/completions", h, self.ptt.pid),
+                ("passthrough+parse", f"http://127.0.0.1:{self.ptp_port}/v1/chat/completions", h, self.ptp.pid),
+            ]
             if self.tokens
             else []
         )
@@ -354,9 +368,10 @@ def main() -> int:
     ap.add_argument("--json", default=None, help="also write the rows here")
     ap.add_argument("--passthrough", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
     ap.add_argument("--tokens", action="store_true", help=argparse.SUPPRESS)  # with --passthrough
+    ap.add_argument("--parse", action="store_true", help=argparse.SUPPRESS)  # with --passthrough
     args = ap.parse_args()
     if args.passthrough:
-        _passthrough_main(int(args.passthrough[0]), args.passthrough[1], tokens=args.tokens)
+        _passthrough_main(int(args.passthrough[0]), args.passthrough[1], tokens=args.tokens, parse=args.parse)
         return 0
     rows: list[dict[str, Any]] = []
     scale = 0.25 if args.quick else 1.0
@@ -491,9 +506,10 @@ def mix_verdict(mix: list[dict[str, Any]]) -> str:
                     f"{_spread(pol.get('rps_ratios'))} (≥ 0.5×: {'met' if y >= 0.5 else 'NOT met'})"
                 )
             lines.append(line)
-            ptt = by.get((interval, "whole mix", "passthrough+tokens", c))
-            if ptt and ptt["cpu_ms_per_req"]:
-                lines.append("  - " + _tokens_line(pol, pt, ptt, c))
+            for floor, what, suffix in _FLOORS:
+                row = by.get((interval, "whole mix", floor, c))
+                if row and row["cpu_ms_per_req"]:
+                    lines.append("  - " + _floor_line(pol, pt, row, c, what, suffix))
     from nemo_polar.proxy.engines.vllm_stream import SCANNER  # the proxy subprocess runs this Python: the same scanner
 
     lines.append(
@@ -503,24 +519,31 @@ def mix_verdict(mix: list[dict[str, Any]]) -> str:
     return "Long-stream bars (issue 23, same run):\n\n" + "\n".join(lines)
 
 
-def _tokens_line(pol: dict[str, Any], pt: dict[str, Any], ptt: dict[str, Any], c: int) -> str:
-    """The pass-through asking for the proxy's token data (`passthrough+tokens`) against the plain one, and the proxy
-    against it: the share of the proxy's extra CPU that is the token data itself (the engine's bytes, not our work)."""
-    cpu, pt_cpu, pol_cpu = ptt["cpu_ms_per_req"], pt["cpu_ms_per_req"], pol["cpu_ms_per_req"]
+# the floors a proxy that captures tokens cannot go below: (path, what it does, suffix of the proxy's ratios to it)
+_FLOORS = (
+    ("passthrough+tokens", "the pass-through asking for the same token data", "_vs_tokens"),
+    ("passthrough+parse", "that one also reading non-streamed answers with orjson", "_vs_parse"),
+)
+
+
+def _floor_line(pol: dict[str, Any], pt: dict[str, Any], floor: dict[str, Any], c: int, what: str, suffix: str) -> str:
+    """A floor (`_FLOORS`: the pass-through asking for the proxy's token data, or also reading it) against the plain
+    pass-through, and the proxy against it: the share of the proxy's extra CPU that the floor already pays."""
+    cpu, pt_cpu, pol_cpu = floor["cpu_ms_per_req"], pt["cpu_ms_per_req"], pol["cpu_ms_per_req"]
     line = (
-        f"the pass-through asking for the same token data: {cpu:.2f} ms = {cpu / pt_cpu:.2f}× the plain one"
-        f"{_spread(ptt.get('cpu_ratios'))}; proxy vs it: **{pol_cpu / cpu:.2f}×**{_spread(pol.get('cpu_ratios_vs_tokens'))}"
+        f"{what}: {cpu:.2f} ms = {cpu / pt_cpu:.2f}× the plain one{_spread(floor.get('cpu_ratios'))}; "
+        f"proxy vs it: **{pol_cpu / cpu:.2f}×**{_spread(pol.get('cpu_ratios' + suffix))}"
     )
     if pol_cpu > pt_cpu:
         line += (
-            f"; the token data: {cpu - pt_cpu:+.2f} ms of the proxy's {pol_cpu - pt_cpu:+.2f} ms over the plain one "
+            f"; that is {cpu - pt_cpu:+.2f} ms of the proxy's {pol_cpu - pt_cpu:+.2f} ms over the plain one "
             f"({100 * (cpu - pt_cpu) / (pol_cpu - pt_cpu):.0f} %)"
         )
     if c == 64:
         line += (
-            f"; throughput {ptt['rps']:.0f} req/s = {ptt['rps'] / pt['rps']:.2f}× the plain one"
-            f"{_spread(ptt.get('rps_ratios'))}; proxy vs it: **{pol['rps'] / ptt['rps']:.2f}×**"
-            f"{_spread(pol.get('rps_ratios_vs_tokens'))}"
+            f"; throughput {floor['rps']:.0f} req/s = {floor['rps'] / pt['rps']:.2f}× the plain one"
+            f"{_spread(floor.get('rps_ratios'))}; proxy vs it: **{pol['rps'] / floor['rps']:.2f}×**"
+            f"{_spread(pol.get('rps_ratios' + suffix))}"
         )
     return line
 
@@ -623,8 +646,9 @@ def _mix_part(scale: float, rounds: int = 1) -> list[dict[str, Any]]:
     FAKE upstream, through the pass-through and the proxy at c=1 and c=64, then each request kind alone at c=1
     (where the proxy's CPU goes); once with one upstream chunk per token (vLLM's default) and once with 8 tokens a
     chunk (`--stream-interval 8`, what the embedded backend runs with). Each also through `passthrough+tokens`, the
-    pass-through asking for the proxy's token data (how much of the gap is the bytes the engine sends back). The
-    whole-mix rows are measured `rounds` times (each round: direct, both pass-throughs and proxy back to back) and
+    pass-through asking for the proxy's token data (how much of the gap is the bytes the engine sends back), and
+    `passthrough+parse`, that one also reading non-streamed answers (how much is getting at the token data). The
+    whole-mix rows are measured `rounds` times (each round: direct, the pass-throughs and proxy back to back) and
     reported as medians (`median_rows`): the machine is shared, and one round's ratio moves by ±20 %."""
     from peers import MIX_FAKE, mix_bodies
 
@@ -670,15 +694,17 @@ _FIGURES = ("p50_ms", "p99_ms", "rps", "cpu_ms_per_req", "added_p50_ms", "added_
 _ROUND_RATIOS = (
     ("polar", "passthrough", ""),
     ("passthrough+tokens", "passthrough", ""),
+    ("passthrough+parse", "passthrough", ""),
     ("polar", "passthrough+tokens", "_vs_tokens"),
+    ("polar", "passthrough+parse", "_vs_parse"),
 )
 
 
 def median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     """One row per path and concurrency from several rounds of `run_suite` (same plan): every figure the median over
-    the rounds; the rows of the proxy and of `passthrough+tokens` also keep each round's CPU and throughput ratio to
-    the pass-through of the same round (`cpu_ratios`, `rps_ratios`), and the proxy's its ratio to `passthrough+tokens`
-    (`cpu_ratios_vs_tokens`, `rps_ratios_vs_tokens`), so the verdict can show their spread."""
+    the rounds; the rows of the proxy and of the floors (`_FLOORS`) also keep each round's CPU and throughput ratio
+    to the pass-through of the same round (`cpu_ratios`, `rps_ratios`), and the proxy's its ratios to each floor
+    (`cpu_ratios_vs_tokens`, `..._vs_parse`, and the same for `rps`), so the verdict can show their spread."""
     out = []
     for same in zip(*rounds, strict=True):
         row = {**same[0], "rounds": len(same)}

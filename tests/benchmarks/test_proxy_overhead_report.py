@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """`benchmarks/proxy_overhead.py`'s long-stream report: rounds are folded into medians, each round's ratio is kept
 against the pass-through of the same round, and the verdict is on the medians; the pass-through asking for the
-proxy's token data (`passthrough+tokens`) is reported beside it, never in its place (pure functions; no servers)."""
+proxy's token data (`passthrough+tokens`) and the one also reading it (`passthrough+parse`) are reported beside it,
+never in its place (pure functions; no servers)."""
 
 from __future__ import annotations
 
@@ -21,12 +22,15 @@ def _round(
     polar_rps: float,
     pt_rps: float,
     tokens: tuple[float, float] | None = None,
+    parse: tuple[float, float] | None = None,
 ) -> list[dict[str, object]]:
-    """One round of `run_suite` rows at c=1 and c=64; `tokens`: (CPU, req/s) of `passthrough+tokens`, measured in the
-    round between the plain pass-through and the proxy as the mix part does."""
+    """One round of `run_suite` rows at c=1 and c=64; `tokens` / `parse`: (CPU, req/s) of `passthrough+tokens` /
+    `passthrough+parse`, measured in the round between the plain pass-through and the proxy as the mix part does."""
     paths: list[tuple[str, float | None, float]] = [("direct", None, 1000.0), ("passthrough", pt_cpu, pt_rps)]
     if tokens:
         paths.append(("passthrough+tokens", *tokens))
+    if parse:
+        paths.append(("passthrough+parse", *parse))
     paths.append(("polar", polar_cpu, polar_rps))
     rows = []
     for c in (1, 64):
@@ -104,7 +108,7 @@ def test_passthrough_with_token_data_is_reported_beside_the_plain_one() -> None:
     c1 = lines.index(next(line for line in lines if "c=1:" in line))
     assert lines[c1 + 1] == (
         "  - the pass-through asking for the same token data: 1.00 ms = 2.00× the plain one (rounds: 2.00, 3.00, 1.50)"
-        "; proxy vs it: **2.00×** (rounds: 2.00, 2.00, 3.00); the token data: +0.50 ms of the proxy's +1.50 ms over "
+        "; proxy vs it: **2.00×** (rounds: 2.00, 2.00, 3.00); that is +0.50 ms of the proxy's +1.50 ms over "
         "the plain one (33 %)"
     )
     c64 = next(line for line in lines if line.startswith("  - ") and "throughput" in line)
@@ -115,9 +119,35 @@ def test_passthrough_with_token_data_is_reported_beside_the_plain_one() -> None:
     assert sum(line.startswith("  - ") for line in lines) == 2  # one per concurrency
 
 
+def test_the_parsing_floor_comes_after_the_token_floor_with_its_own_ratios() -> None:
+    rows = po.median_rows(
+        [
+            _round(2.0, 0.5, 300, 900, tokens=(1.0, 600), parse=(1.25, 500)),
+            _round(3.0, 0.5, 100, 1000, tokens=(1.5, 500), parse=(1.0, 400)),
+        ]
+    )
+    pol = next(r for r in rows if r["path"] == "polar" and r["concurrency"] == 1)
+    ptp = next(r for r in rows if r["path"] == "passthrough+parse" and r["concurrency"] == 1)
+    assert ptp["cpu_ratios"] == pytest.approx([2.5, 2.0])  # against the plain pass-through of the same round
+    assert pol["cpu_ratios_vs_parse"] == pytest.approx([1.6, 3.0]) and pol["cpu_ratios_vs_tokens"] == pytest.approx(
+        [2.0, 2.0]
+    )
+    for r in rows:
+        r["interval"], r["requests"] = 1, "whole mix"
+    lines = po.mix_verdict(rows).splitlines()
+    c1 = lines.index(next(line for line in lines if "c=1:" in line))
+    assert lines[c1 + 1].startswith("  - the pass-through asking for the same token data: 1.25 ms")
+    assert lines[c1 + 2] == (
+        "  - that one also reading non-streamed answers with orjson: 1.12 ms = 2.25× the plain one (rounds: 2.50, "
+        "2.00); proxy vs it: **2.22×** (rounds: 1.60, 3.00); that is +0.62 ms of the proxy's +2.00 ms over the plain "
+        "one (31 %)"
+    )
+
+
 def test_no_token_line_without_its_rows() -> None:
     rows = po.median_rows([_round(0.8, 0.5, 600, 900)])
     assert not any("cpu_ratios_vs_tokens" in r for r in rows)
     for r in rows:
         r["interval"], r["requests"] = 1, "whole mix"
-    assert "token data" not in po.mix_verdict(rows)
+    verdict = po.mix_verdict(rows)
+    assert "token data" not in verdict and "orjson" not in verdict
