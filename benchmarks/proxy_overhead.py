@@ -201,7 +201,10 @@ def _passthrough_main(port: int, upstream: str, tokens: bool = False, parse: boo
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.cleanup_ctx.append(ctx)
     app.router.add_post("/{tail:.*}", with_tokens if tokens or parse else handler)
-    app.router.add_get("/", lambda r: web.Response(text="ok"))
+    async def ready(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app.router.add_get("/", ready)
     web.run_app(app, host="127.0.0.1", port=port, access_log=None, print=None)
 
 
