@@ -201,6 +201,7 @@ def _passthrough_main(port: int, upstream: str, tokens: bool = False, parse: boo
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.cleanup_ctx.append(ctx)
     app.router.add_post("/{tail:.*}", with_tokens if tokens or parse else handler)
+
     async def ready(request: web.Request) -> web.Response:
         return web.Response(text="ok")
 
