@@ -145,20 +145,30 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * len(s)))]
 
 
-def _passthrough_main(port: int, upstream: str, tokens: bool = False, parse: bool = False) -> None:
+# The floors a proxy that captures tokens cannot go below, measured beside the plain pass-through in the long-stream
+# mix: (path, the pass-through's --floor mode, what it does, suffix of the proxy's per-round ratios to it)
+_FLOORS = (
+    ("passthrough+tokens", "tokens", "the pass-through asking for the same token data", "_vs_tokens"),
+    ("passthrough+parse", "parse", "that one also reading non-streamed answers with orjson", "_vs_parse"),
+)
+
+
+def _passthrough_main(port: int, upstream: str, floor: str | None = None) -> None:
     """The minimal aiohttp pass-through (the floor): forward the body, return the upstream bytes.
 
-    With `tokens` (`passthrough+tokens`): the body is parsed and given the token fields our proxy's vLLM engine
-    adds (taken from `VLLMEngine.token_fields`, not copied, so the two ask the engine for the same token data), and
-    a streamed answer is forwarded a read at a time as it arrives, as a proxy that streams must; the answer's bytes
-    are still not looked at. With `parse` too (`passthrough+parse`): a non-streamed answer is also parsed with
-    `orjson` before its bytes are passed on (the parse is the cost measured; its result is dropped).
+    With `floor="tokens"` (`passthrough+tokens`): the body is parsed and given the token fields our proxy's vLLM
+    engine adds (taken from `VLLMEngine.token_fields`, not copied, so the two ask the engine for the same token
+    data), and a streamed answer is forwarded a read at a time as it arrives, as a proxy that streams must; the
+    answer's bytes are still not looked at. With `floor="parse"` (`passthrough+parse`): the same, and a non-streamed
+    answer is also parsed with `orjson` before its bytes are passed on (the parse is the cost measured; its result
+    is dropped).
     """
     import orjson
     from aiohttp import web
 
+    parse = floor == "parse"
     fields: dict[bool, dict[str, Any]] = {}
-    if tokens or parse:
+    if floor:
         from nemo_polar.proxy.engines.base import Upstreams
         from nemo_polar.proxy.engines.vllm import VLLMEngine
 
@@ -200,7 +210,7 @@ def _passthrough_main(port: int, upstream: str, tokens: bool = False, parse: boo
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.cleanup_ctx.append(ctx)
-    app.router.add_post("/{tail:.*}", with_tokens if tokens or parse else handler)
+    app.router.add_post("/{tail:.*}", with_tokens if floor else handler)
 
     async def ready(request: web.Request) -> web.Response:
         return web.Response(text="ok")
@@ -210,16 +220,16 @@ def _passthrough_main(port: int, upstream: str, tokens: bool = False, parse: boo
 
 
 class Stack:
-    """The upstream (given) plus our proxy and the pass-through as subprocesses in front of it (and with `tokens`
-    the pass-through asking for the proxy's token data, `passthrough+tokens`, and that one reading non-streamed
-    answers, `passthrough+parse`). The proxy's record store is a
-    temporary directory, removed at the exit (kept when the block or the start fails: `_workdir`)."""
+    """The upstream (given) plus our proxy and the pass-through as subprocesses in front of it (and with `floors`
+    one pass-through per `_FLOORS` entry). The proxy's record store is a temporary directory, removed at the exit
+    (kept when the block or the start fails: `_workdir`)."""
 
-    def __init__(self, upstream: str, model: str, proxy_args: tuple[str, ...] = (), tokens: bool = False):
+    def __init__(self, upstream: str, model: str, proxy_args: tuple[str, ...] = (), floors: bool = False):
         self.upstream = upstream
         self.model = model
         self.proxy_args = proxy_args
-        self.tokens = tokens
+        self.floors: list[tuple[str, int, subprocess.Popen[bytes]]] = []  # (path, port, process) when started
+        self._with_floors = floors
         self.procs: list[subprocess.Popen[bytes]] = []
         self.tmp = ""
 
@@ -260,19 +270,17 @@ class Stack:
             stderr=subprocess.DEVNULL,
         )
         self.procs += [self.polar, self.pt]
-        if self.tokens:
-            self.ptt_port, self.ptp_port = free_port(), free_port()
-            self.ptt, self.ptp = (
-                subprocess.Popen(
-                    [sys.executable, __file__, "--passthrough", str(port), self.upstream, flag],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.DEVNULL,
-                )
-                for port, flag in ((self.ptt_port, "--tokens"), (self.ptp_port, "--parse"))
+        for path, mode, _, _ in _FLOORS if self._with_floors else ():
+            port = free_port()
+            proc = subprocess.Popen(
+                [sys.executable, __file__, "--passthrough", str(port), self.upstream, "--floor", mode],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
             )
-            self.procs += [self.ptt, self.ptp]
-            _wait(f"http://127.0.0.1:{self.ptt_port}/")
-            _wait(f"http://127.0.0.1:{self.ptp_port}/")
+            self.procs.append(proc)
+            self.floors.append((path, port, proc))
+        for _, port, _ in self.floors:
+            _wait(f"http://127.0.0.1:{port}/")
         _wait(f"http://127.0.0.1:{self.polar_port}/")
         _wait(f"http://127.0.0.1:{self.pt_port}/")
         req = urllib.request.Request(
@@ -297,18 +305,11 @@ class Stack:
 
     def targets(self) -> list[tuple[str, str, dict[str, str], int | None]]:
         h = {"Content-Type": "application/json"}
-        tokens = (
-            [
-                ("passthrough+tokens", f"http://127.0.0.1:{self.ptt_port}/v1/chat/completions", h, self.ptt.pid),
-                ("passthrough+parse", f"http://127.0.0.1:{self.ptp_port}/v1/chat/completions", h, self.ptp.pid),
-            ]
-            if self.tokens
-            else []
-        )
+        floors = [(path, f"http://127.0.0.1:{port}/v1/chat/completions", h, p.pid) for path, port, p in self.floors]
         return [
             ("direct", self.upstream + "/v1/chat/completions", h, None),
             ("passthrough", f"http://127.0.0.1:{self.pt_port}/v1/chat/completions", h, self.pt.pid),
-            *tokens,
+            *floors,
             (
                 "polar",
                 f"http://127.0.0.1:{self.polar_port}/v1/chat/completions",
@@ -371,11 +372,10 @@ def main() -> int:
     )
     ap.add_argument("--json", default=None, help="also write the rows here")
     ap.add_argument("--passthrough", nargs=2, metavar=("PORT", "UPSTREAM"), help=argparse.SUPPRESS)
-    ap.add_argument("--tokens", action="store_true", help=argparse.SUPPRESS)  # with --passthrough
-    ap.add_argument("--parse", action="store_true", help=argparse.SUPPRESS)  # with --passthrough
+    ap.add_argument("--floor", choices=[mode for _, mode, _, _ in _FLOORS], help=argparse.SUPPRESS)  # --passthrough
     args = ap.parse_args()
     if args.passthrough:
-        _passthrough_main(int(args.passthrough[0]), args.passthrough[1], tokens=args.tokens, parse=args.parse)
+        _passthrough_main(int(args.passthrough[0]), args.passthrough[1], args.floor)
         return 0
     rows: list[dict[str, Any]] = []
     scale = 0.25 if args.quick else 1.0
@@ -510,7 +510,7 @@ def mix_verdict(mix: list[dict[str, Any]]) -> str:
                     f"{_spread(pol.get('rps_ratios'))} (≥ 0.5×: {'met' if y >= 0.5 else 'NOT met'})"
                 )
             lines.append(line)
-            for floor, what, suffix in _FLOORS:
+            for floor, _, what, suffix in _FLOORS:
                 row = by.get((interval, "whole mix", floor, c))
                 if row and row["cpu_ms_per_req"]:
                     lines.append("  - " + _floor_line(pol, pt, row, c, what, suffix))
@@ -521,13 +521,6 @@ def mix_verdict(mix: list[dict[str, Any]]) -> str:
         f"; load average {os.getloadavg()[0]:.1f}"
     )
     return "Long-stream bars (issue 23, same run):\n\n" + "\n".join(lines)
-
-
-# the floors a proxy that captures tokens cannot go below: (path, what it does, suffix of the proxy's ratios to it)
-_FLOORS = (
-    ("passthrough+tokens", "the pass-through asking for the same token data", "_vs_tokens"),
-    ("passthrough+parse", "that one also reading non-streamed answers with orjson", "_vs_parse"),
-)
 
 
 def _floor_line(pol: dict[str, Any], pt: dict[str, Any], floor: dict[str, Any], c: int, what: str, suffix: str) -> str:
@@ -672,7 +665,7 @@ def _mix_part(scale: float, rounds: int = 1) -> list[dict[str, Any]]:
                 f"long-stream mix, {interval} token(s) per upstream chunk (prompt tokens, answer tokens, stream): {MIX_FAKE}"
             )
             print(HEADER)
-            with Stack(f"http://127.0.0.1:{up_port}", "fake-model", tokens=True) as st:
+            with Stack(f"http://127.0.0.1:{up_port}", "fake-model", floors=True) as st:
                 plan = {1: int(800 * scale), 64: int(2560 * scale)}
                 got = median_rows([run_suite(f"mix/{interval}", st, bodies, plan) for _ in range(rounds)])
                 for r in got:
@@ -697,10 +690,8 @@ _FIGURES = ("p50_ms", "p99_ms", "rps", "cpu_ms_per_req", "added_p50_ms", "added_
 # (path, the path it is compared with, suffix of the keys its per-round ratios go under)
 _ROUND_RATIOS = (
     ("polar", "passthrough", ""),
-    ("passthrough+tokens", "passthrough", ""),
-    ("passthrough+parse", "passthrough", ""),
-    ("polar", "passthrough+tokens", "_vs_tokens"),
-    ("polar", "passthrough+parse", "_vs_parse"),
+    *((path, "passthrough", "") for path, _, _, _ in _FLOORS),
+    *(("polar", path, suffix) for path, _, _, suffix in _FLOORS),
 )
 
 
