@@ -3,8 +3,8 @@
 
 Without a compiler (or Python headers) the build warns and goes on, and each user of a module falls back to its pure
 Python code, which gives the same results, only slower: `engines/vllm_stream.py` to its regex for the C scan of
-vLLM's stream lines (`_sse_scan`); `proxy/store.py` and `engines/base.py` to `struct`, `types.py` to numpy, for the
-token-id checks and compact array encodings (`_arrays`). Everything else about the package is in pyproject.toml.
+vLLM's stream lines and `engines/vllm.py` to the full parse of a whole answer (`_sse_scan`); `proxy/store.py` and
+`engines/base.py` to `struct`, `types.py` to numpy, for the token-id checks and compact array encodings (`_arrays`). Everything else about the package is in pyproject.toml.
 """
 
 from setuptools import Extension, setup

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 /* `lines(block)`: exactly what `vllm_stream._LINE.findall(block)` returns, without the regex engine; and
  * `segments(block)`: exactly `vllm_stream._segments_py(block)` (those rows, each run of token chunks' columns
- * joined), without making the rows.
+ * joined), without making the rows; and `answer_logprobs(answer)`: a non-streamed answer with its logprob entries
+ * cut down to their numbers (see its section below and `vllm.fast_answer`).
  *
  * The proxy reads every line of a long stream; Python's `re` spends ~3 ns per byte on it, and joining the rows'
  * columns as much again: most of the proxy's own CPU for a 512-token answer. The pattern is deterministic
@@ -624,12 +625,457 @@ segments(PyObject *module, PyObject *arg)
     return out;
 }
 
+/* -- answer_logprobs: a non-streamed answer's logprob entries cut down to their numbers ------------------------- */
+/* `orjson` spends most of its time on a long answer building `choices[0].logprobs.content`: one dict per token, of
+ * which the proxy reads one number. This walks the answer's structure down to that array, reads its entries in the
+ * exact shapes vLLM writes, and writes the answer again with each entry replaced by its logprob's text, for one
+ * `orjson` parse of the rest.
+ *
+ * Why the result is the full parse's: the walk reads keys and skips values by quotes, escapes and brackets only,
+ * which finds the same structure as a JSON parser on any valid JSON, and it reads the rewritten answer up to and
+ * after the array exactly as it reads the original. So when orjson accepts the rewritten answer (the caller parses
+ * it, and takes the full parse if that fails), the array stood at `choices[0].logprobs.content` of a valid answer;
+ * the entries are checked to be JSON the full parse accepts (the token string strictly), so the original is valid
+ * with the same structure and each logprob is the same number text, read by the same parser. The keys on the way
+ * must appear once, unescaped: JSON's last-one-wins for a repeated key, or an escape spelling one of them, could
+ * otherwise point the full parse elsewhere. */
+
+/* Whitespace as JSON has it */
+static void
+skip_ws(Scan *c)
+{
+    while (c->i < c->end && (c->s[c->i] == ' ' || c->s[c->i] == '\t' || c->s[c->i] == '\n' || c->s[c->i] == '\r')) {
+        c->i++;
+    }
+}
+
+/* Past a string that starts at the read position (its quote); 0 if it does not end. Only the quotes and escapes
+ * matter here: whatever lies outside the cut is checked by orjson when it parses the rewritten answer. */
+static int
+skip_string(Scan *c)
+{
+    c->i++;
+    while (c->i < c->end) {
+        const char *q = memchr(c->s + c->i, '"', (size_t)(c->end - c->i));
+        if (!q) {
+            return 0;
+        }
+        Py_ssize_t k = q - c->s, back = 0;
+        while (k - back - 1 >= c->i && c->s[k - back - 1] == '\\') {
+            back++;
+        }
+        c->i = k + 1;
+        if (!(back & 1)) {
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The bytes that matter while a container is skipped: quotes and brackets */
+static unsigned char structural[256];
+
+/* Past one value (a string, a container by its brackets and strings, or a scalar up to the next `,`, `]` or `}`);
+ * 0 if the answer ends inside it */
+static int
+skip_value(Scan *c)
+{
+    if (c->i >= c->end) {
+        return 0;
+    }
+    char first = c->s[c->i];
+    if (first == '"') {
+        return skip_string(c);
+    }
+    if (first != '{' && first != '[') {
+        while (c->i < c->end && c->s[c->i] != ',' && c->s[c->i] != '}' && c->s[c->i] != ']') {
+            c->i++;
+        }
+        return 1;
+    }
+    const unsigned char *s = (const unsigned char *)c->s;
+    Py_ssize_t depth = 0, i = c->i, end = c->end;
+    while (i < end) {
+        while (i < end && !structural[s[i]]) {
+            i++;
+        }
+        if (i == end) {
+            break;
+        }
+        if (s[i] == '"') {
+            c->i = i;
+            if (!skip_string(c)) {
+                return 0;
+            }
+            i = c->i;
+            continue;
+        }
+        depth += s[i] == '{' || s[i] == '[' ? 1 : -1;
+        i++;
+        if (depth == 0) {
+            c->i = i;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* An object key: its bytes between the quotes (`*a`, `*b`) and the colon after it; 0 when it holds an escape (it
+ * could spell one of the keys looked for another way) or is not a key. */
+static int
+object_key(Scan *c, Py_ssize_t *a, Py_ssize_t *b)
+{
+    skip_ws(c);
+    if (c->i >= c->end || c->s[c->i] != '"') {
+        return 0;
+    }
+    *a = c->i + 1;
+    if (!skip_string(c)) {
+        return 0;
+    }
+    *b = c->i - 1;
+    if (memchr(c->s + *a, '\\', (size_t)(*b - *a))) {
+        return 0;
+    }
+    skip_ws(c);
+    if (!LIT(c, ":")) {
+        return 0;
+    }
+    skip_ws(c);
+    return 1;
+}
+
+static int
+key_is(const Scan *c, Py_ssize_t a, Py_ssize_t b, const char *name)
+{
+    size_t len = strlen(name);
+    return (size_t)(b - a) == len && memcmp(c->s + a, name, len) == 0;
+}
+
+/* After a member's value: `,` (another member follows: 1) or `}` (the object ended: 0); -1 otherwise */
+static int
+next_member(Scan *c)
+{
+    skip_ws(c);
+    if (LIT(c, ",")) {
+        return 1;
+    }
+    return LIT(c, "}") ? 0 : -1;
+}
+
+/* The length of the UTF-8 sequence at `q` (at most `left` bytes) if it is a well-formed one (no overlong form, no
+ * surrogate, nothing over U+10FFFF), else 0 */
+static int
+utf8_len(const unsigned char *q, Py_ssize_t left)
+{
+    unsigned char b0 = q[0];
+    int n;
+    unsigned char lo = 0x80, hi = 0xbf; /* the second byte's range */
+    if (b0 >= 0xc2 && b0 <= 0xdf) {
+        n = 2;
+    }
+    else if (b0 >= 0xe0 && b0 <= 0xef) {
+        n = 3;
+        lo = b0 == 0xe0 ? 0xa0 : 0x80;
+        hi = b0 == 0xed ? 0x9f : 0xbf;
+    }
+    else if (b0 >= 0xf0 && b0 <= 0xf4) {
+        n = 4;
+        lo = b0 == 0xf0 ? 0x90 : 0x80;
+        hi = b0 == 0xf4 ? 0x8f : 0xbf;
+    }
+    else {
+        return 0;
+    }
+    if (left < n || q[1] < lo || q[1] > hi) {
+        return 0;
+    }
+    for (int k = 2; k < n; k++) {
+        if (q[k] < 0x80 || q[k] > 0xbf) {
+            return 0;
+        }
+    }
+    return n;
+}
+
+/* The four hex digits at `q` as `*v`; 0 if they are not four hex digits */
+static int
+hex4(const char *q, unsigned *v)
+{
+    *v = 0;
+    for (int k = 0; k < 4; k++) {
+        char h = q[k];
+        int d = -1;
+        if (h >= '0' && h <= '9') {
+            d = h - '0';
+        }
+        else if ((h | 0x20) >= 'a' && (h | 0x20) <= 'f') {
+            d = (h | 0x20) - 'a' + 10;
+        }
+        if (d < 0) {
+            return 0;
+        }
+        *v = *v * 16 + (unsigned)d;
+    }
+    return 1;
+}
+
+/* A token string that every JSON parser reads the same way: plain characters, well-formed UTF-8, the two-character
+ * escapes and `\uXXXX` outside the surrogates (a surrogate escape, even a proper pair, is left to orjson's parse) */
+static int
+token_string(Scan *c)
+{
+    if (!LIT(c, "\"")) {
+        return 0;
+    }
+    const unsigned char *s = (const unsigned char *)c->s;
+    while (c->i < c->end) {
+        unsigned char ch = s[c->i];
+        if (ch == '"') {
+            c->i++;
+            return 1;
+        }
+        if (ch < 0x20) {
+            return 0;
+        }
+        if (ch < 0x80 && ch != '\\') {
+            c->i++;
+        }
+        else if (ch >= 0x80) {
+            int n = utf8_len(s + c->i, c->end - c->i);
+            if (!n) {
+                return 0;
+            }
+            c->i += n;
+        }
+        else { /* a backslash */
+            if (c->end - c->i < 2) {
+                return 0;
+            }
+            char e = c->s[c->i + 1];
+            if (e == 'u') {
+                unsigned v;
+                if (c->end - c->i < 6 || !hex4(c->s + c->i + 2, &v) || (v >= 0xd800 && v <= 0xdfff)) {
+                    return 0;
+                }
+                c->i += 6;
+            }
+            else if (strchr("\"\\/bfnrt", e) && e) {
+                c->i += 2;
+            }
+            else {
+                return 0;
+            }
+        }
+    }
+    return 0;
+}
+
+/* A JSON integer of at most 18 digits (`0|[1-9]\d{0,17}`: one orjson and the full parse read alike) */
+static int
+small_int(Scan *c)
+{
+    if (LIT(c, "0")) {
+        return 1;
+    }
+    Py_ssize_t a = c->i;
+    if (!at_digit(c)) {
+        return 0;
+    }
+    digits(c);
+    return c->i - a <= 18;
+}
+
+/* `{"token":STR,"logprob":NUM(,"bytes":(null|[INT(,INT)*]))?(,"top_logprobs":[])?}`, vLLM's entry at
+ * `top_logprobs: 0`, written without whitespace; `num` gets the logprob's span. Stricter than `_LP` in what a string
+ * or a byte list may hold: the entry must be JSON that the full parse would read without error. */
+static int
+answer_entry(Scan *c, Span *num_span)
+{
+    if (!LIT(c, "{\"token\":") || !token_string(c) || !LIT(c, ",\"logprob\":")) {
+        return 0;
+    }
+    num_span->a = c->i;
+    if (!num(c)) {
+        return 0;
+    }
+    num_span->b = c->i;
+    if (LIT(c, ",\"bytes\":") && !LIT(c, "null")) {
+        if (!LIT(c, "[")) {
+            return 0;
+        }
+        if (!LIT(c, "]")) {
+            do {
+                if (!small_int(c)) {
+                    return 0;
+                }
+            } while (LIT(c, ","));
+            if (!LIT(c, "]")) {
+                return 0;
+            }
+        }
+    }
+    LIT(c, ",\"top_logprobs\":[]");
+    return LIT(c, "}");
+}
+
+/* Walks the members of the object at the read position (past its `{`), skipping every value but the one of `key`,
+ * which `inner` reads (it must leave the position after that value); 0 when the object is not one this reader can
+ * be sure of (an escaped or repeated key among the ones it looks for, a value it cannot find the end of), or
+ * `key` is not there. */
+typedef int (*Inner)(Scan *c, void *state);
+
+static int
+walk_object(Scan *c, const char *key, Inner inner, void *state)
+{
+    int found = 0;
+    skip_ws(c);
+    if (LIT(c, "}")) {
+        return 0;
+    }
+    for (;;) {
+        Py_ssize_t a, b;
+        if (!object_key(c, &a, &b)) {
+            return 0;
+        }
+        if (key_is(c, a, b, key)) {
+            if (found++ || !inner(c, state)) {
+                return 0;
+            }
+        }
+        else if (!skip_value(c)) {
+            return 0;
+        }
+        int more = next_member(c);
+        if (more < 0) {
+            return 0;
+        }
+        if (!more) {
+            return found;
+        }
+    }
+}
+
+typedef struct {
+    Spans nums;             /* the logprobs' spans */
+    Py_ssize_t open, close; /* the content array's `[` and `]` */
+} Cut;
+
+static int
+content_array(Scan *c, void *state)
+{
+    Cut *cut = state;
+    cut->open = c->i;
+    if (!LIT(c, "[") || LIT(c, "]")) { /* not an array, or an empty one: nothing to gain */
+        return 0;
+    }
+    do {
+        Span span;
+        if (!answer_entry(c, &span) || push(&cut->nums, span) < 0) {
+            return 0;
+        }
+    } while (LIT(c, ","));
+    cut->close = c->i;
+    return LIT(c, "]");
+}
+
+static int
+logprobs_object(Scan *c, void *state)
+{
+    return LIT(c, "{") && walk_object(c, "content", content_array, state);
+}
+
+static int
+first_choice(Scan *c, void *state)
+{
+    return LIT(c, "{") && walk_object(c, "logprobs", logprobs_object, state);
+}
+
+static int
+choices_array(Scan *c, void *state)
+{
+    if (!LIT(c, "[")) {
+        return 0;
+    }
+    skip_ws(c);
+    if (!first_choice(c, state)) {
+        return 0;
+    }
+    for (;;) { /* the other choices */
+        skip_ws(c);
+        if (LIT(c, "]")) {
+            return 1;
+        }
+        if (!LIT(c, ",")) {
+            return 0;
+        }
+        skip_ws(c);
+        if (!skip_value(c)) {
+            return 0;
+        }
+    }
+}
+
+static PyObject *
+answer_logprobs(PyObject *module, PyObject *arg)
+{
+    (void)module;
+    Py_buffer buf;
+    if (PyObject_GetBuffer(arg, &buf, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
+    Scan c = {buf.buf, buf.len, 0};
+    Cut cut;
+    memset(&cut, 0, sizeof cut);
+    PyObject *out = NULL;
+    skip_ws(&c);
+    int ok = LIT(&c, "{") && walk_object(&c, "choices", choices_array, &cut);
+    skip_ws(&c);
+    if (PyErr_Occurred()) {
+        goto done;
+    }
+    if (!ok || c.i != c.end) {
+        out = Py_NewRef(Py_None);
+        goto done;
+    }
+    /* the answer with the content array's entries replaced by their logprobs: `[n,n,...]` */
+    Py_ssize_t total = cut.open + 1 + (cut.nums.n - 1) + (buf.len - cut.close);
+    for (Py_ssize_t k = 0; k < cut.nums.n; k++) {
+        total += cut.nums.v[k].b - cut.nums.v[k].a;
+    }
+    PyObject *body = PyBytes_FromStringAndSize(NULL, total);
+    if (!body) {
+        goto done;
+    }
+    char *d = PyBytes_AS_STRING(body);
+    const char *s = buf.buf;
+    memcpy(d, s, (size_t)cut.open + 1);
+    d += cut.open + 1;
+    for (Py_ssize_t k = 0; k < cut.nums.n; k++) {
+        if (k) {
+            *d++ = ',';
+        }
+        Py_ssize_t len = cut.nums.v[k].b - cut.nums.v[k].a;
+        memcpy(d, s + cut.nums.v[k].a, (size_t)len);
+        d += len;
+    }
+    memcpy(d, s + cut.close, (size_t)(buf.len - cut.close));
+    out = Py_BuildValue("(Nn)", body, cut.nums.n);
+done:
+    PyMem_Free(cut.nums.v);
+    PyBuffer_Release(&buf);
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"lines", lines, METH_O,
      "lines(block) -> list of 8-tuples of bytes: exactly `vllm_stream._LINE.findall(block)`."},
     {"segments", segments, METH_O,
      "segments(block) -> list of bytes (another line) and runs: exactly `vllm_stream._segments_py(block)`, but "
      "a run's rows given as the slice of the block that holds them."},
+    {"answer_logprobs", answer_logprobs, METH_O,
+     "answer_logprobs(answer) -> (answer', n) or None: a non-streamed vLLM chat answer with the n entries of "
+     "choices[0].logprobs.content replaced by their logprob numbers (None: not an answer it can be sure of)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -646,6 +1092,7 @@ PyInit__sse_scan(void)
 {
     for (int b = 0; b < 256; b++) {
         plain_char[b] = b >= 0x20 && b != '"' && b != '\\';
+        structural[b] = b == '"' || b == '[' || b == ']' || b == '{' || b == '}';
     }
     if (!empty_bytes && !(empty_bytes = PyBytes_FromStringAndSize(NULL, 0))) {
         return NULL;

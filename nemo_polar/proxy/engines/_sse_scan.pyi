@@ -11,3 +11,7 @@ def lines(block: Buffer, /) -> list[tuple[bytes, ...]]:
 def segments(block: Buffer, /) -> list[Any]:
     """Exactly `vllm_stream._segments_py(block)` (other lines' text and runs' columns), but each run's rows given
     as the slice of `block` that holds them."""
+
+def answer_logprobs(answer: Buffer, /) -> tuple[bytes, int] | None:
+    """A non-streamed vLLM chat answer with the n entries of `choices[0].logprobs.content` replaced by their
+    logprob numbers, and n; None when it is not an answer it can be sure of (see `vllm.fast_answer`)."""

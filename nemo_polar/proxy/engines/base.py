@@ -211,12 +211,22 @@ class OpenAIServerEngine:
     reply_name = "upstream"  # how a malformed answer is named in its 502: "unexpected <reply_name> reply shape"
 
     @classmethod
-    def parse_chat(cls, data: dict[str, Any], served_model: str, gen: Generation) -> ChatResult:
-        """The engine's non-streamed chat answer as a `ChatResult`: the engine's `token_data`, the message's fields,
-        the usage checked against the token data; a malformed answer is a retryable 502."""
+    def read_chat(cls, raw: bytes, served_model: str, gen: Generation) -> ChatResult:
+        """The engine's non-streamed chat answer, as it came, as a `ChatResult` (`parse_chat` of its JSON)."""
+        return cls.parse_chat(json_object(raw, gen.endpoint), served_model, gen)
+
+    @classmethod
+    def parse_chat(
+        cls, data: dict[str, Any], served_model: str, gen: Generation, log_probs: list[float] | None = None
+    ) -> ChatResult:
+        """The engine's non-streamed chat answer as a `ChatResult`: the engine's `token_data` (its logprobs replaced
+        by `log_probs` when given: read from the answer's bytes already), the message's fields, the usage checked
+        against the token data; a malformed answer is a retryable 502."""
         try:
             choice = data["choices"][0]
-            prompt_ids, generation_ids, log_probs = cls.token_data(data, choice, gen)
+            prompt_ids, generation_ids, parsed_log_probs = cls.token_data(data, choice, gen)
+            if log_probs is None:
+                log_probs = parsed_log_probs
             result = ChatResult(
                 **message_fields(choice.get("message") or {}),
                 finish_reason=choice.get("finish_reason") or "stop",
@@ -245,14 +255,14 @@ class OpenAIServerEngine:
 
     async def chat(self, call: EngineCall) -> Generation:
         gen = Generation()
-        data = await self.upstreams.post_json(
+        raw = await self.upstreams.post_raw(
             "/v1/chat/completions",
             self.build_body(call, stream=False),
             call.route_key,
             gen,
             total_s=self.total_timeout_s,
         )
-        gen.result = self.parse_chat(data, call.served_model, gen)
+        gen.result = self.read_chat(raw, call.served_model, gen)
         return gen
 
     async def stream(self, call: EngineCall, gen: Generation) -> AsyncIterator[StreamEvent]:
@@ -373,6 +383,13 @@ class Upstreams:
     async def post_json(
         self, path: str, body: dict[str, Any], route_key: str, gen: Generation, *, total_s: float | None = None
     ) -> dict[str, Any]:
+        """`post_raw`'s reply parsed: a JSON object, or a retryable 502."""
+        return json_object(await self.post_raw(path, body, route_key, gen, total_s=total_s), gen.endpoint)
+
+    async def post_raw(
+        self, path: str, body: dict[str, Any], route_key: str, gen: Generation, *, total_s: float | None = None
+    ) -> bytes:
+        """POST (as `post`) and read the whole 2xx reply."""
         resp = await self.post(path, body, route_key, gen, total_s=total_s)
         try:
             raw = await resp.read()
@@ -385,13 +402,7 @@ class Upstreams:
         finally:
             resp.close()
         gen.finished_at = time.time()
-        try:
-            out = orjson.loads(raw)
-        except orjson.JSONDecodeError as exc:
-            raise UpstreamError(502, "api_error", "upstream sent invalid JSON", endpoint=gen.endpoint) from exc
-        if not isinstance(out, dict):
-            raise UpstreamError(502, "api_error", "upstream sent a non-object reply", endpoint=gen.endpoint)
-        return out
+        return raw
 
     async def get_json(self, path: str, *, total_s: float = 10.0) -> Any:
         """GET from the first reachable endpoint (used for `/v1/models`)."""
@@ -420,6 +431,17 @@ class Upstreams:
             except orjson.JSONDecodeError as exc:
                 raise UpstreamError(502, "api_error", "upstream sent invalid JSON", endpoint=base) from exc
         raise UpstreamError(503, "overloaded", f"no upstream endpoint reachable ({last})", retry_after_s=2)
+
+
+def json_object(raw: bytes, endpoint: str | None) -> dict[str, Any]:
+    """An upstream's reply as a JSON object; anything else is a retryable 502."""
+    try:
+        out = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise UpstreamError(502, "api_error", "upstream sent invalid JSON", endpoint=endpoint) from exc
+    if not isinstance(out, dict):
+        raise UpstreamError(502, "api_error", "upstream sent a non-object reply", endpoint=endpoint)
+    return out
 
 
 def message_fields(msg: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
 """The vLLM engine: OpenAI-Chat calls with token capture (`return_token_ids`, `logprobs`, `top_logprobs: 0`).
 
-Non-streaming: top-level `prompt_token_ids`, `choices[0].token_ids`, `choices[0].logprobs.content[*].logprob`.
+Non-streaming: top-level `prompt_token_ids`, `choices[0].token_ids`, `choices[0].logprobs.content[*].logprob`; the
+logprob entries are read as bare numbers where `fast_answer` can (C, `_sse_scan.answer_logprobs`), the full `orjson`
+parse otherwise, with the same result.
 Streaming: `prompt_token_ids` in the first chunk, `token_ids` and `logprobs` per delta, a final usage chunk
 (`stream_options.include_usage`). Reasoning arrives as `reasoning_content` or `reasoning` (vLLM renamed it).
 Token ids, logprobs and usage are checked against each other before a result is returned. The chunks are folded
@@ -15,8 +17,10 @@ This module builds no provider shapes and writes no records.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
+
+import orjson
 
 from nemo_polar.proxy.engines.base import (
     EngineCall,
@@ -32,7 +36,7 @@ from nemo_polar.proxy.engines.vllm_stream import StreamAccumulator
 from nemo_polar.proxy.normalized import ChatResult, StreamEvent
 from nemo_polar.proxy.upstream_http import UpstreamDisconnected, UpstreamTimeout
 
-__all__ = ["VLLMEngine"]
+__all__ = ["ANSWER_READER", "VLLMEngine", "fast_answer"]
 
 
 class VLLMEngine(OpenAIServerEngine):
@@ -57,6 +61,15 @@ class VLLMEngine(OpenAIServerEngine):
         return fields
 
     # -- non-streaming ----------------------------------------------------------------------------------------------
+
+    @classmethod
+    def read_chat(cls, raw: bytes, served_model: str, gen: Generation) -> ChatResult:
+        """`parse_chat` of the answer, its logprob entries read as bare numbers when `fast_answer` can (the same
+        result: most of the CPU of parsing a long answer goes to the entries' dicts, which nothing else reads)."""
+        fast = fast_answer(raw)
+        if fast is None:
+            return super().read_chat(raw, served_model, gen)
+        return cls.parse_chat(fast[0], served_model, gen, fast[1])
 
     @staticmethod
     def token_data(
@@ -194,3 +207,39 @@ class VLLMEngine(OpenAIServerEngine):
             raise UpstreamError(502, "api_error", f"re-scoring with prompt_logprobs failed: {exc!r}") from exc
         check_token_data(prompt_ids, continuation, scores, None)
         return scores
+
+
+_answer_logprobs: Callable[[bytes], tuple[bytes, int] | None] | None
+try:  # the cut in C (_sse_scan.c); without it every answer takes the full parse, which gives the same result
+    from nemo_polar.proxy.engines._sse_scan import answer_logprobs as _answer_logprobs
+
+    ANSWER_READER = "c"  # how `read_chat` reads long answers (benchmarks print it)
+except ImportError:  # a build without a compiler
+    _answer_logprobs = None
+    ANSWER_READER = "orjson"
+
+
+def fast_answer(raw: bytes) -> tuple[dict[str, Any], list[float]] | None:
+    """A non-streamed answer parsed without its logprob entries' dicts: the answer (`choices[0].logprobs` without
+    `content`) and those entries' logprobs, exactly as the full parse would give them; None when it cannot be sure.
+
+    `_sse_scan.answer_logprobs` finds `choices[0].logprobs.content`, checks that every entry is one of the shapes
+    vLLM writes at `top_logprobs: 0` (and JSON the full parse reads without error), and replaces each entry by its
+    logprob's number; one `orjson` parse of that gives the rest of the answer and the numbers as orjson reads them.
+    Anything else (no such array, another entry shape, an escaped or repeated key on the way, a number orjson
+    refuses) is None: the caller parses the whole answer, which reports a malformed one as before.
+    """
+    if _answer_logprobs is None:
+        return None
+    cut = _answer_logprobs(raw)
+    if cut is None:
+        return None
+    body, n = cut
+    try:
+        data = orjson.loads(body)
+        values = data["choices"][0]["logprobs"].pop("content")
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        return None
+    if type(values) is not list or len(values) != n:
+        return None
+    return data, values
