@@ -15,10 +15,12 @@ from __future__ import annotations
 import base64
 import dataclasses
 import math
-from collections.abc import Callable, Iterable, Mapping
+import struct
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, TypeVar
+from typing import Any, ClassVar, TypeVar, overload
 
 import numpy as np
 import orjson
@@ -34,6 +36,7 @@ __all__ = [
     "Origin",
     "SessionResult",
     "SplitReason",
+    "TokenIds",
     "Trace",
     "Trajectory",
     "TrajectoryStats",
@@ -41,6 +44,7 @@ __all__ = [
     "ValidationError",
     "decode_array",
     "encode_array",
+    "id_list",
 ]
 
 
@@ -100,6 +104,62 @@ class SplitReason(StrEnum):
 # compact arrays
 
 
+class TokenIds(Sequence[int]):
+    """Token ids held as packed little-endian int32 (each in [0, 2**31)), read-only: what the proxy carries from an
+    engine's answer to the record's "b64:i32:" string without making a Python int per id (an 8k-token prompt: 8,000
+    ints built, checked and packed again). A `Sequence[int]` that equals the list or tuple of its ids (both ways);
+    records read back from the store hold plain lists."""
+
+    __slots__ = ("packed",)
+
+    def __init__(self, packed: bytes):
+        if len(packed) % 4 or not packed[3::4].isascii():  # the top byte of every id under 0x80: in [0, 2**31)
+            raise ValueError("not packed token ids (little-endian int32 in [0, 2**31))")
+        self.packed = packed
+
+    def __len__(self) -> int:
+        return len(self.packed) >> 2
+
+    def tolist(self) -> list[int]:
+        if sys.byteorder == "little":
+            ids: list[int] = memoryview(self.packed).cast("i").tolist()
+            return ids
+        return list(struct.unpack(f"<{len(self)}i", self.packed))
+
+    @overload
+    def __getitem__(self, k: int) -> int: ...
+    @overload
+    def __getitem__(self, k: slice) -> list[int]: ...
+    def __getitem__(self, k: int | slice) -> int | list[int]:
+        if isinstance(k, slice):
+            return self.tolist()[k]
+        n = len(self)
+        i = k + n if k < 0 else k
+        if not 0 <= i < n:
+            raise IndexError("token id index out of range")
+        return int.from_bytes(self.packed[4 * i : 4 * i + 4], "little")
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.tolist())
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, TokenIds):
+            return self.packed == other.packed
+        if isinstance(other, (list, tuple)):
+            return len(other) == len(self) and self.tolist() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # equal to lists, which are not hashable
+
+    def __repr__(self) -> str:
+        return f"TokenIds({self.tolist()!r})"
+
+
+def id_list(ids: list[int] | TokenIds) -> list[int]:
+    """Token ids as a list: the list itself, or a `TokenIds`' ids (for code that needs list operations)."""
+    return ids.tolist() if isinstance(ids, TokenIds) else ids
+
+
 _I32 = "b64:i32:"
 _F64 = "b64:f64:"
 
@@ -118,6 +178,8 @@ def encode_array(values: Iterable[int] | Iterable[float], kind: str) -> str:
 
     A list of plain ints (in int32 range) or floats goes through `_arrays`, which writes the same string; anything
     else (numpy arrays, other iterables, bools, out-of-range ids: it returns None) through numpy."""
+    if kind == "i32" and type(values) is TokenIds:  # packed already
+        return _I32 + base64.b64encode(values.packed).decode("ascii")
     fast = _FAST_ENCODE.get(kind)
     if fast is not None and (out := fast(values)) is not None:
         return out
@@ -146,6 +208,8 @@ def decode_array(value: Any) -> list[Any]:
 
 
 def _check_ids(name: str, ids: Any, errors: list[str]) -> None:
+    if type(ids) is TokenIds:  # token ids by construction
+        return
     if not isinstance(ids, list):
         errors.append(f"{name} must be a list, got {type(ids).__name__}")
         return
@@ -227,6 +291,8 @@ def _plain(v: Any, compact: bool) -> Any:
         return [_plain(x, compact) for x in v]
     if isinstance(v, list):
         return [_plain(x, compact) for x in v]
+    if isinstance(v, TokenIds):
+        return v.tolist()
     if isinstance(v, dict):
         return {k: _plain(x, compact) for k, x in v.items()}
     return v
@@ -258,7 +324,7 @@ class CompletionRecord(_JsonMixin):
     request: dict[str, Any] = field(default_factory=dict)
     response: dict[str, Any] = field(default_factory=dict)
     finish_reason: str | None = None
-    prompt_token_ids: list[int] = field(default_factory=list)
+    prompt_token_ids: list[int] | TokenIds = field(default_factory=list)
     generation_token_ids: list[int] = field(default_factory=list)
     generation_log_probs: list[float] = field(default_factory=list)
     requested_model: str | None = None

@@ -29,7 +29,7 @@ from nemo_polar.proxy.engines.base import Engine, EngineCall, Generation
 from nemo_polar.proxy.normalized import ChatResult, ProviderError, StreamEvent
 from nemo_polar.proxy.sessions import Session
 from nemo_polar.proxy.store import RecordStore
-from nemo_polar.types import CallKind, Origin
+from nemo_polar.types import CallKind, Origin, id_list
 
 __all__ = ["CallContext", "Generator", "plan_kind"]
 
@@ -228,7 +228,7 @@ class Generator:
         else:
             try:
                 res.generation_log_probs = await self.engine.score(
-                    res.prompt_token_ids, res.generation_token_ids, call.served_model, call.route_key
+                    id_list(res.prompt_token_ids), res.generation_token_ids, call.served_model, call.route_key
                 )
                 gen.extra["log_probs_source"] = "prompt_logprobs"
             except ProviderError as exc:

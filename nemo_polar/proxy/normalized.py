@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from nemo_polar.errors import PolarError
+from nemo_polar.types import TokenIds
 
 __all__ = [
     "ChatRequest",
@@ -125,7 +126,7 @@ class ChatResult:
     finish_reason: str = "stop"
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    prompt_token_ids: list[int] = field(default_factory=list)
+    prompt_token_ids: list[int] | TokenIds = field(default_factory=list)
     generation_token_ids: list[int] = field(default_factory=list)
     generation_log_probs: list[float] = field(default_factory=list)
     served_model: str = ""

@@ -19,7 +19,7 @@ __all__ = ["diff_window", "ends_with_terminator", "find_terminator", "messages_c
 Terminators = Sequence[Sequence[int]]
 
 
-def find_terminator(ids: list[int], start: int, terms: Terminators) -> tuple[int, tuple[int, ...]] | None:
+def find_terminator(ids: Sequence[int], start: int, terms: Terminators) -> tuple[int, tuple[int, ...]] | None:
     """First position >= `start` where one of `terms` begins, and that terminator; None when there is none."""
     best: tuple[int, tuple[int, ...]] | None = None
     for term in terms:

@@ -23,12 +23,12 @@ one with a different system turn is a `subagent`. This module does not export an
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from nemo_polar.errors import PolarError
-from nemo_polar.types import CallKind, ChainKind, CompletionRecord, SplitReason, Trace, Trajectory
+from nemo_polar.types import CallKind, ChainKind, CompletionRecord, SplitReason, Trace, Trajectory, id_list
 
 from .common import DROP, TRAIN, Tally, call_policy, finish_trajectory, trace_reward, usable_records
 from .fingerprint import diff_window, ends_with_terminator, find_terminator, messages_continue, system_fingerprint
@@ -92,7 +92,7 @@ def _compatible(call_kind: str, chain_kind: str) -> bool:
     return chain_kind != _SIDE
 
 
-def pack(ids: list[int]) -> bytes:
+def pack(ids: Sequence[int]) -> bytes:
     """Token ids as packed uint32, so a prefix check is one `memcmp` (`bytes.startswith`).
 
     Packing a list costs about one pass over it; comparing two lists of distinct int objects costs several times
@@ -147,7 +147,7 @@ class _Builder:
     # -- placement --------------------------------------------------------------------------------------------
 
     def place(self, rec: CompletionRecord, kind: str, policy: str) -> None:
-        p = rec.prompt_token_ids
+        p = id_list(rec.prompt_token_ids)
         pb = self.packed.prompt(rec)
         cands = [c for c in self.chains if _compatible(kind, c.kind)]
         no_eot: _Chain | None = None
@@ -244,7 +244,7 @@ class _Builder:
         """(split reason or None, chain kind, related record id) for a record that extends no tip."""
         if no_eot is not None:
             return SplitReason.NO_EOT.value, no_eot.kind, no_eot.records[-1].id
-        p = rec.prompt_token_ids
+        p = id_list(rec.prompt_token_ids)
         found = self._longest_prompt_prefix(p, pb, cands)
         if found is not None:
             chain, i = found

@@ -1,6 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A non-streamed vLLM answer read with its logprob entries cut to bare numbers (`vllm.fast_answer`, C:
-`_sse_scan.answer_logprobs`) gives exactly what the full `orjson` parse gives.
+"""A non-streamed vLLM answer read with its logprob entries cut to bare numbers and its prompt ids packed
+(`vllm.fast_answer`, C: `_sse_scan.answer_logprobs`; a stream's first chunk: `vllm_stream._packed_ids_chunk`) gives
+exactly what the full `orjson` parse gives.
 
 Three readers of the same bytes: `VLLMEngine.read_chat` (the fast path where it applies), the same with the C cut
 switched off (what a build without a compiler runs), and `parse_chat` over `orjson.loads` of the whole answer (the
@@ -15,15 +16,19 @@ from __future__ import annotations
 import json
 import random
 import struct
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
 
-from nemo_polar.proxy.engines import vllm
-from nemo_polar.proxy.engines.base import Generation, UpstreamError, json_object
+from nemo_polar.proxy.engines import vllm, vllm_stream
+from nemo_polar.proxy.engines.base import Generation, UpstreamError, check_alignment, json_object
 from nemo_polar.proxy.engines.vllm import VLLMEngine, fast_answer
+from nemo_polar.proxy.engines.vllm_stream import StreamAccumulator
+from nemo_polar.types import TokenIds
 
+DATA = Path(__file__).resolve().parents[1] / "data" / "vllm_stream"
 needs_c = pytest.mark.skipif(vllm.ANSWER_READER != "c", reason="the C answer reader (_sse_scan) is not built")
 
 TOKENS = ["t1", " the", "café", "☕", "😀", 'say "hi"', "back\\slash", "tab\t", "nl\n", "bytes:\\xe2\\x80", "/", ""]
@@ -143,6 +148,8 @@ def test_vllm_answers_take_the_fast_path_and_match(monkeypatch: pytest.MonkeyPat
         assert fast == full == fallback, seed
         assert fast[0].generation_log_probs, seed
         assert (fast_answer(raw) is not None) == (seed % 10 != 0), seed
+        if seed % 10 and orjson.loads(raw)["prompt_token_ids"]:  # top-level ids, as vLLM sends them: packed
+            assert type(fast[0].prompt_token_ids) is TokenIds, seed
 
 
 @needs_c
@@ -234,7 +241,8 @@ def test_other_shapes_take_the_full_parse(old: bytes, new: bytes, monkeypatch: p
     assert fast_answer(raw) is not None
     assert old in raw
     bad = raw.replace(old, new, 1)
-    assert fast_answer(bad) is None
+    cut = fast_answer(bad)
+    assert cut is None or cut[1] is None  # the entries are parsed as dicts (the prompt ids may still be packed)
     fast, fallback, full = three(bad, monkeypatch)
     assert fast == full == fallback
 
@@ -248,3 +256,79 @@ def test_without_the_c_reader_the_full_parse(monkeypatch: pytest.MonkeyPatch) ->
     with pytest.raises(UpstreamError, match="invalid JSON") as err:
         VLLMEngine.read_chat(raw[:-1], "m", Generation())
     assert err.value.status == 502
+
+
+PROMPT_IDS = [
+    (b"[2147483647,0,10]", True),  # the bounds of int32 token ids
+    (b"[-1,2]", False),
+    (b"[2147483648]", False),
+    (b"[99999999999999999999999]", False),
+    (b"[01]", False),
+    (b"[1.0]", False),
+    (b"[1e3]", False),
+    (b"[1, 2]", False),
+    (b"[true]", False),
+    (b"[1,]", False),
+    (b"[[1]]", False),
+    (b"[]", False),
+    (b"null", False),
+    (b'[1],"prompt_token_ids":[2]', False),  # a repeated key: the last one counts for orjson
+]
+
+
+@needs_c
+@pytest.mark.parametrize(("ids", "packed"), PROMPT_IDS)
+def test_prompt_ids_packed_or_parsed_alike(ids: bytes, packed: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only ids that are token ids written as JSON writes ints are packed; every other value gets the full parse,
+    whose result or 502 (`check_token_data`'s, or the alignment check's) is the same."""
+    raw = orjson.dumps(
+        {
+            "id": "x",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"content": "hi"},
+                    "logprobs": {"content": [{"token": "t", "logprob": -0.5}]},
+                    "finish_reason": "stop",
+                    "token_ids": [7],
+                }
+            ],
+            "usage": {"completion_tokens": 1},
+            "prompt_token_ids": "@",
+        }
+    ).replace(b'"@"', ids)
+    fast, fallback, full = three(raw, monkeypatch)
+    assert fast == full == fallback
+    cut = fast_answer(raw)
+    assert (cut is not None and cut[2] is not None) == packed
+    if packed:
+        assert type(fast[0].prompt_token_ids) is TokenIds
+
+
+def stream_outcome(block: bytes, pack: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
+    with monkeypatch.context() as m:
+        m.setattr(vllm_stream, "PACK_PROMPT_IDS", pack)
+
+        def read() -> Any:
+            acc = StreamAccumulator("m")
+            acc.feed_block(block, None)
+            res = acc.result()
+            check_alignment(res, acc.usage, None)
+            return res
+
+        return outcome(read)
+
+
+@needs_c
+@pytest.mark.parametrize("first_id", [b"151644", b"0", b"2147483647", b"-1", b"2147483648", b"1.5", b"01"])
+def test_stream_first_chunk_prompt_ids(first_id: bytes, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A captured vLLM stream, its first prompt id replaced: packed or not, the same result or the same 502."""
+    block = (DATA / "tiny_qwen3_040_tokens.sse").read_bytes()
+    head = b'"prompt_token_ids":[151644,'
+    assert head in block
+    block = block.replace(head, b'"prompt_token_ids":[' + first_id + b",", 1)
+    packed, plain = stream_outcome(block, True, monkeypatch), stream_outcome(block, False, monkeypatch)
+    assert packed == plain
+    if first_id in (b"151644", b"0", b"2147483647"):
+        assert type(packed[0].prompt_token_ids) is TokenIds
+        assert len(packed[0].prompt_token_ids) > 100

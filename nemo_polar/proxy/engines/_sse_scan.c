@@ -17,6 +17,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <stdint.h>
 #include <string.h>
 
 #define NGROUPS 8 /* payload, kind, text, logprob entries, first logprob, finish, ids, other line */
@@ -627,16 +628,19 @@ segments(PyObject *module, PyObject *arg)
 
 /* -- answer_logprobs: a non-streamed answer's logprob entries cut down to their numbers ------------------------- */
 /* `orjson` spends most of its time on a long answer building `choices[0].logprobs.content`: one dict per token, of
- * which the proxy reads one number. This walks the answer's structure down to that array, reads its entries in the
- * exact shapes vLLM writes, and writes the answer again with each entry replaced by its logprob's text, for one
- * `orjson` parse of the rest.
+ * which the proxy reads one number; and to the top-level `prompt_token_ids`, 8,000 Python ints for an 8k-token
+ * prompt that the record packs as int32 again. This walks the answer's structure down to that array, reads its
+ * entries in the exact shapes vLLM writes, and writes the answer again with each entry replaced by its logprob's
+ * text; with `ids`, it packs the prompt ids (token ids only: ints in [0, 2**31) as JSON writes them) and leaves `[]`
+ * in their place; then one `orjson` parse reads the rest.
  *
  * Why the result is the full parse's: the walk reads keys and skips values by quotes, escapes and brackets only,
  * which finds the same structure as a JSON parser on any valid JSON, and it reads the rewritten answer up to and
  * after the array exactly as it reads the original. So when orjson accepts the rewritten answer (the caller parses
  * it, and takes the full parse if that fails), the array stood at `choices[0].logprobs.content` of a valid answer;
- * the entries are checked to be JSON the full parse accepts (the token string strictly), so the original is valid
- * with the same structure and each logprob is the same number text, read by the same parser. The keys on the way
+ * the entries are checked to be JSON the full parse accepts (the token string strictly), and so are the ids, so the
+ * original is valid with the same structure, each logprob is the same number text read by the same parser, and
+ * each id the int the full parse would make. The keys on the way
  * must appear once, unescaped: JSON's last-one-wins for a repeated key, or an escape spelling one of them, could
  * otherwise point the full parse elsewhere. */
 
@@ -919,19 +923,19 @@ answer_entry(Scan *c, Span *num_span)
     return LIT(c, "}");
 }
 
-/* Walks the members of the object at the read position (past its `{`), skipping every value but the one of `key`,
- * which `inner` reads (it must leave the position after that value); 0 when the object is not one this reader can
- * be sure of (an escaped or repeated key among the ones it looks for, a value it cannot find the end of), or
- * `key` is not there. */
+/* Walks the members of the object at the read position (past its `{`), skipping every value but those of `key` and
+ * `key2` (NULL: none), which `inner` and `inner2` read (leaving the position after the value); 0 when the object is
+ * not one this reader can be sure of (an escaped key, a repeated one of those two, a value it cannot find the end
+ * of). */
 typedef int (*Inner)(Scan *c, void *state);
 
 static int
-walk_object(Scan *c, const char *key, Inner inner, void *state)
+walk_object(Scan *c, const char *key, Inner inner, const char *key2, Inner inner2, void *state)
 {
-    int found = 0;
+    int found = 0, found2 = 0;
     skip_ws(c);
     if (LIT(c, "}")) {
-        return 0;
+        return 1;
     }
     for (;;) {
         Py_ssize_t a, b;
@@ -943,6 +947,11 @@ walk_object(Scan *c, const char *key, Inner inner, void *state)
                 return 0;
             }
         }
+        else if (key2 && key_is(c, a, b, key2)) {
+            if (found2++ || !inner2(c, state)) {
+                return 0;
+            }
+        }
         else if (!skip_value(c)) {
             return 0;
         }
@@ -951,23 +960,29 @@ walk_object(Scan *c, const char *key, Inner inner, void *state)
             return 0;
         }
         if (!more) {
-            return found;
+            return 1;
         }
     }
 }
 
 typedef struct {
-    Spans nums;             /* the logprobs' spans */
-    Py_ssize_t open, close; /* the content array's `[` and `]` */
+    Spans nums;                     /* the logprobs' spans */
+    Py_ssize_t open, close;         /* the content array's `[` and `]` (close 0: not found) */
+    int want_ids;                   /* look for the top-level prompt_token_ids */
+    Py_ssize_t ids_open, ids_close; /* its `[` and `]` (close 0: not found) */
+    char *ids;                      /* its ints, packed little-endian int32 */
+    Py_ssize_t n_ids, cap_ids;
 } Cut;
 
+/* The logprob entries (an array of vLLM's entries; anything else is left as it is) */
 static int
 content_array(Scan *c, void *state)
 {
     Cut *cut = state;
     cut->open = c->i;
     if (!LIT(c, "[") || LIT(c, "]")) { /* not an array, or an empty one: nothing to gain */
-        return 0;
+        c->i = cut->open;
+        return skip_value(c);
     }
     do {
         Span span;
@@ -982,22 +997,31 @@ content_array(Scan *c, void *state)
 static int
 logprobs_object(Scan *c, void *state)
 {
-    return LIT(c, "{") && walk_object(c, "content", content_array, state);
+    if (!LIT(c, "{")) {
+        return skip_value(c);
+    }
+    return walk_object(c, "content", content_array, NULL, NULL, state);
 }
 
 static int
 first_choice(Scan *c, void *state)
 {
-    return LIT(c, "{") && walk_object(c, "logprobs", logprobs_object, state);
+    if (!LIT(c, "{")) {
+        return skip_value(c);
+    }
+    return walk_object(c, "logprobs", logprobs_object, NULL, NULL, state);
 }
 
 static int
 choices_array(Scan *c, void *state)
 {
     if (!LIT(c, "[")) {
-        return 0;
+        return skip_value(c);
     }
     skip_ws(c);
+    if (LIT(c, "]")) {
+        return 1;
+    }
     if (!first_choice(c, state)) {
         return 0;
     }
@@ -1016,53 +1040,143 @@ choices_array(Scan *c, void *state)
     }
 }
 
-static PyObject *
-answer_logprobs(PyObject *module, PyObject *arg)
+/* The prompt ids: a non-empty array of ints in [0, 2**31) written as JSON writes them (`0|[1-9]\d*`, no
+ * whitespace), packed; anything else in such an array declines (the full parse decides, `check_token_data` refuses
+ * what is not a token id); another value is left as it is. */
+static int
+ids_array(Scan *c, void *state)
 {
-    (void)module;
-    Py_buffer buf;
-    if (PyObject_GetBuffer(arg, &buf, PyBUF_SIMPLE) < 0) {
+    Cut *cut = state;
+    if (!cut->want_ids || c->end - c->i < 2 || c->s[c->i] != '[' || c->s[c->i + 1] < '0' || c->s[c->i + 1] > '9') {
+        return skip_value(c);
+    }
+    cut->ids_open = c->i++;
+    const unsigned char *s = (const unsigned char *)c->s;
+    for (;;) {
+        Py_ssize_t i = c->i, end = c->end;
+        uint64_t v;
+        if (i >= end || s[i] < '0' || s[i] > '9') {
+            return 0;
+        }
+        v = s[i++] - '0';
+        if (v) {
+            while (i < end && s[i] >= '0' && s[i] <= '9' && v < ((uint64_t)1 << 31)) {
+                v = v * 10 + (s[i++] - '0');
+            }
+        }
+        if (v >= ((uint64_t)1 << 31) || (i < end && s[i] >= '0' && s[i] <= '9')) {
+            return 0;
+        }
+        if (cut->n_ids == cut->cap_ids) {
+            Py_ssize_t cap = cut->cap_ids ? 2 * cut->cap_ids : 4096;
+            char *p = PyMem_Realloc(cut->ids, (size_t)cap * 4);
+            if (!p) {
+                PyErr_NoMemory();
+                return 0;
+            }
+            cut->ids = p;
+            cut->cap_ids = cap;
+        }
+        unsigned char *o = (unsigned char *)cut->ids + 4 * cut->n_ids++;
+        o[0] = (unsigned char)v;
+        o[1] = (unsigned char)(v >> 8);
+        o[2] = (unsigned char)(v >> 16);
+        o[3] = (unsigned char)(v >> 24);
+        c->i = i;
+        if (i < end && s[i] == ',') {
+            c->i++;
+            continue;
+        }
+        cut->ids_close = c->i;
+        return LIT(c, "]");
+    }
+}
+
+/* The answer with the cuts made: the content entries replaced by their logprobs' texts, the prompt ids by nothing */
+static PyObject *
+rewritten(const char *s, Py_ssize_t len, const Cut *cut)
+{
+    Py_ssize_t total = len;
+    if (cut->close) {
+        total -= cut->close - cut->open - 1 - (cut->nums.n - 1);
+        for (Py_ssize_t k = 0; k < cut->nums.n; k++) {
+            total += cut->nums.v[k].b - cut->nums.v[k].a;
+        }
+    }
+    if (cut->ids_close) {
+        total -= cut->ids_close - cut->ids_open - 1;
+    }
+    PyObject *body = PyBytes_FromStringAndSize(NULL, total);
+    if (!body) {
         return NULL;
     }
-    Scan c = {buf.buf, buf.len, 0};
+    char *d = PyBytes_AS_STRING(body);
+    Py_ssize_t at = 0;
+    for (int pass = 0; pass < 2; pass++) { /* the two cuts in the order they come */
+        int lp_first = !cut->ids_close || (cut->close && cut->open < cut->ids_open);
+        int which_lp = pass == 0 ? lp_first : !lp_first;
+        if (which_lp && cut->close) {
+            memcpy(d, s + at, (size_t)(cut->open + 1 - at));
+            d += cut->open + 1 - at;
+            for (Py_ssize_t k = 0; k < cut->nums.n; k++) {
+                if (k) {
+                    *d++ = ',';
+                }
+                Py_ssize_t n = cut->nums.v[k].b - cut->nums.v[k].a;
+                memcpy(d, s + cut->nums.v[k].a, (size_t)n);
+                d += n;
+            }
+            at = cut->close;
+        }
+        else if (!which_lp && cut->ids_close) {
+            memcpy(d, s + at, (size_t)(cut->ids_open + 1 - at));
+            d += cut->ids_open + 1 - at;
+            at = cut->ids_close;
+        }
+    }
+    memcpy(d, s + at, (size_t)(len - at));
+    return body;
+}
+
+static PyObject *
+answer_logprobs(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+    (void)module;
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "answer_logprobs(answer, ids=False)");
+        return NULL;
+    }
+    Py_buffer buf;
+    if (PyObject_GetBuffer(args[0], &buf, PyBUF_SIMPLE) < 0) {
+        return NULL;
+    }
     Cut cut;
     memset(&cut, 0, sizeof cut);
+    cut.want_ids = nargs > 1 && PyObject_IsTrue(args[1]) > 0;
+    Scan c = {buf.buf, buf.len, 0};
     PyObject *out = NULL;
     skip_ws(&c);
-    int ok = LIT(&c, "{") && walk_object(&c, "choices", choices_array, &cut);
+    int ok = LIT(&c, "{") && walk_object(&c, "choices", choices_array, "prompt_token_ids", ids_array, &cut);
     skip_ws(&c);
     if (PyErr_Occurred()) {
         goto done;
     }
-    if (!ok || c.i != c.end) {
+    if (!ok || c.i != c.end || (!cut.close && !cut.ids_close)) {
         out = Py_NewRef(Py_None);
         goto done;
     }
-    /* the answer with the content array's entries replaced by their logprobs: `[n,n,...]` */
-    Py_ssize_t total = cut.open + 1 + (cut.nums.n - 1) + (buf.len - cut.close);
-    for (Py_ssize_t k = 0; k < cut.nums.n; k++) {
-        total += cut.nums.v[k].b - cut.nums.v[k].a;
+    PyObject *body = rewritten(buf.buf, buf.len, &cut);
+    PyObject *ids = cut.ids_close ? PyBytes_FromStringAndSize(cut.ids, 4 * cut.n_ids) : Py_NewRef(Py_None);
+    if (body && ids) {
+        out = Py_BuildValue("(NnN)", body, cut.nums.n, ids);
     }
-    PyObject *body = PyBytes_FromStringAndSize(NULL, total);
-    if (!body) {
-        goto done;
+    else {
+        Py_XDECREF(body);
+        Py_XDECREF(ids);
     }
-    char *d = PyBytes_AS_STRING(body);
-    const char *s = buf.buf;
-    memcpy(d, s, (size_t)cut.open + 1);
-    d += cut.open + 1;
-    for (Py_ssize_t k = 0; k < cut.nums.n; k++) {
-        if (k) {
-            *d++ = ',';
-        }
-        Py_ssize_t len = cut.nums.v[k].b - cut.nums.v[k].a;
-        memcpy(d, s + cut.nums.v[k].a, (size_t)len);
-        d += len;
-    }
-    memcpy(d, s + cut.close, (size_t)(buf.len - cut.close));
-    out = Py_BuildValue("(Nn)", body, cut.nums.n);
 done:
     PyMem_Free(cut.nums.v);
+    PyMem_Free(cut.ids);
     PyBuffer_Release(&buf);
     return out;
 }
@@ -1073,7 +1187,7 @@ static PyMethodDef methods[] = {
     {"segments", segments, METH_O,
      "segments(block) -> list of bytes (another line) and runs: exactly `vllm_stream._segments_py(block)`, but "
      "a run's rows given as the slice of the block that holds them."},
-    {"answer_logprobs", answer_logprobs, METH_O,
+    {"answer_logprobs", (PyCFunction)(void (*)(void))answer_logprobs, METH_FASTCALL,
      "answer_logprobs(answer) -> (answer', n) or None: a non-streamed vLLM chat answer with the n entries of "
      "choices[0].logprobs.content replaced by their logprob numbers (None: not an answer it can be sure of)."},
     {NULL, NULL, 0, NULL},

@@ -34,6 +34,7 @@ from nemo_polar.proxy.upstream_http import (
     UpstreamResponse,
     UpstreamTimeout,
 )
+from nemo_polar.types import TokenIds
 
 __all__ = [
     "ROUTING_MODES",
@@ -217,20 +218,25 @@ class OpenAIServerEngine:
 
     @classmethod
     def parse_chat(
-        cls, data: dict[str, Any], served_model: str, gen: Generation, log_probs: list[float] | None = None
+        cls,
+        data: dict[str, Any],
+        served_model: str,
+        gen: Generation,
+        log_probs: list[float] | None = None,
+        prompt_ids: TokenIds | None = None,
     ) -> ChatResult:
         """The engine's non-streamed chat answer as a `ChatResult`: the engine's `token_data` (its logprobs replaced
         by `log_probs` when given: read from the answer's bytes already), the message's fields, the usage checked
         against the token data; a malformed answer is a retryable 502."""
         try:
             choice = data["choices"][0]
-            prompt_ids, generation_ids, parsed_log_probs = cls.token_data(data, choice, gen)
+            parsed_prompt_ids, generation_ids, parsed_log_probs = cls.token_data(data, choice, gen)
             if log_probs is None:
                 log_probs = parsed_log_probs
             result = ChatResult(
                 **message_fields(choice.get("message") or {}),
                 finish_reason=choice.get("finish_reason") or "stop",
-                prompt_token_ids=prompt_ids,
+                prompt_token_ids=parsed_prompt_ids if prompt_ids is None else prompt_ids,
                 generation_token_ids=generation_ids,
                 generation_log_probs=log_probs,
                 served_model=data.get("model") or served_model,
@@ -509,7 +515,9 @@ except ImportError:
     _ids_ok = _ids_ok_py
 
 
-def check_token_data(prompt_ids: list[int], gen_ids: list[int], log_probs: list[float], endpoint: str | None) -> None:
+def check_token_data(
+    prompt_ids: list[int] | TokenIds, gen_ids: list[int], log_probs: list[float], endpoint: str | None
+) -> None:
     """Token ids are ints in [0, 2**31) and logprobs finite numbers, or the engine failed (never stored as data).
 
     The bound is the stored one: records keep ids as signed int32, so a larger id refused here is not a record that
@@ -519,7 +527,7 @@ def check_token_data(prompt_ids: list[int], gen_ids: list[int], log_probs: list[
     """
     problems = []
     for name, ids in (("prompt", prompt_ids), ("generation", gen_ids)):
-        if ids and not _ids_ok(ids):
+        if ids and type(ids) is not TokenIds and not _ids_ok(ids):  # TokenIds hold token ids only
             problems.append(f"{name} token ids that are not non-negative integers")
     try:
         total = sum(log_probs)

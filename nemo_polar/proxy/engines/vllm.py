@@ -2,8 +2,8 @@
 """The vLLM engine: OpenAI-Chat calls with token capture (`return_token_ids`, `logprobs`, `top_logprobs: 0`).
 
 Non-streaming: top-level `prompt_token_ids`, `choices[0].token_ids`, `choices[0].logprobs.content[*].logprob`; the
-logprob entries are read as bare numbers where `fast_answer` can (C, `_sse_scan.answer_logprobs`), the full `orjson`
-parse otherwise, with the same result.
+logprob entries are read as bare numbers and the prompt ids packed as int32 (`TokenIds`) where `fast_answer` can (C,
+`_sse_scan.answer_logprobs`), the full `orjson` parse otherwise, with the same result.
 Streaming: `prompt_token_ids` in the first chunk, `token_ids` and `logprobs` per delta, a final usage chunk
 (`stream_options.include_usage`). Reasoning arrives as `reasoning_content` or `reasoning` (vLLM renamed it).
 Token ids, logprobs and usage are checked against each other before a result is returned. The chunks are folded
@@ -22,6 +22,7 @@ from typing import Any
 
 import orjson
 
+from nemo_polar.proxy.engines import vllm_stream
 from nemo_polar.proxy.engines.base import (
     EngineCall,
     Generation,
@@ -35,6 +36,7 @@ from nemo_polar.proxy.engines.base import (
 from nemo_polar.proxy.engines.vllm_stream import StreamAccumulator
 from nemo_polar.proxy.normalized import ChatResult, StreamEvent
 from nemo_polar.proxy.upstream_http import UpstreamDisconnected, UpstreamTimeout
+from nemo_polar.types import TokenIds
 
 __all__ = ["ANSWER_READER", "VLLMEngine", "fast_answer"]
 
@@ -64,12 +66,13 @@ class VLLMEngine(OpenAIServerEngine):
 
     @classmethod
     def read_chat(cls, raw: bytes, served_model: str, gen: Generation) -> ChatResult:
-        """`parse_chat` of the answer, its logprob entries read as bare numbers when `fast_answer` can (the same
-        result: most of the CPU of parsing a long answer goes to the entries' dicts, which nothing else reads)."""
+        """`parse_chat` of the answer, its logprob entries read as bare numbers and its prompt ids packed (`TokenIds`)
+        when `fast_answer` can (the same result: most of the CPU of parsing a long answer goes to the entries' dicts,
+        which nothing else reads, and to the prompt ids' ints, which the record packs again)."""
         fast = fast_answer(raw)
         if fast is None:
             return super().read_chat(raw, served_model, gen)
-        return cls.parse_chat(fast[0], served_model, gen, fast[1])
+        return cls.parse_chat(fast[0], served_model, gen, fast[1], fast[2])
 
     @staticmethod
     def token_data(
@@ -209,7 +212,7 @@ class VLLMEngine(OpenAIServerEngine):
         return scores
 
 
-_answer_logprobs: Callable[[bytes], tuple[bytes, int] | None] | None
+_answer_logprobs: Callable[[bytes, bool], tuple[bytes, int, bytes | None] | None] | None
 try:  # the cut in C (_sse_scan.c); without it every answer takes the full parse, which gives the same result
     from nemo_polar.proxy.engines._sse_scan import answer_logprobs as _answer_logprobs
 
@@ -219,27 +222,35 @@ except ImportError:  # a build without a compiler
     ANSWER_READER = "orjson"
 
 
-def fast_answer(raw: bytes) -> tuple[dict[str, Any], list[float]] | None:
-    """A non-streamed answer parsed without its logprob entries' dicts: the answer (`choices[0].logprobs` without
-    `content`) and those entries' logprobs, exactly as the full parse would give them; None when it cannot be sure.
+def fast_answer(raw: bytes) -> tuple[dict[str, Any], list[float] | None, TokenIds | None] | None:
+    """A non-streamed answer parsed without its logprob entries' dicts and its prompt ids' ints: the answer (its
+    `choices[0].logprobs` without `content`, its `prompt_token_ids` empty where they were cut), those entries'
+    logprobs exactly as the full parse would give them, and the prompt ids packed (None: not cut); None when it
+    cannot be sure.
 
     `_sse_scan.answer_logprobs` finds `choices[0].logprobs.content`, checks that every entry is one of the shapes
     vLLM writes at `top_logprobs: 0` (and JSON the full parse reads without error), and replaces each entry by its
-    logprob's number; one `orjson` parse of that gives the rest of the answer and the numbers as orjson reads them.
-    Anything else (no such array, another entry shape, an escaped or repeated key on the way, a number orjson
-    refuses) is None: the caller parses the whole answer, which reports a malformed one as before.
+    logprob's number; it packs the top-level `prompt_token_ids` (ints in [0, 2**31), as `check_token_data` wants)
+    and leaves `[]` in their place; one `orjson` parse of that gives the rest of the answer and the numbers as
+    orjson reads them. Anything else (another entry shape, an escaped or repeated key on the way, an id that is not
+    a token id, a number orjson refuses) is None: the caller parses the whole answer, which reports a malformed one
+    as before.
     """
     if _answer_logprobs is None:
         return None
-    cut = _answer_logprobs(raw)
+    cut = _answer_logprobs(raw, vllm_stream.PACK_PROMPT_IDS)
     if cut is None:
         return None
-    body, n = cut
+    body, n, packed = cut
+    values = None
     try:
         data = orjson.loads(body)
-        values = data["choices"][0]["logprobs"].pop("content")
+        if n:
+            values = data["choices"][0]["logprobs"].pop("content")
+        if packed is not None and data["prompt_token_ids"] != []:
+            return None
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
         return None
-    if type(values) is not list or len(values) != n:
+    if n and (type(values) is not list or len(values) != n):
         return None
-    return data, values
+    return data, values, None if packed is None else TokenIds(packed)

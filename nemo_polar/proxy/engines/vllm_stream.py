@@ -9,7 +9,9 @@ does for the call (docs/performance.md, long streams). So a block of complete li
   over the whole block, and a run of them is decoded at once: all their token ids in one `orjson` call, all their
   logprobs in one, their text in one;
 - every other line (the first chunk with the prompt ids, tool-call deltas, the finish and usage chunks, an error,
-  `[DONE]`, any shape the pattern does not know) goes through `orjson` and `StreamAccumulator.feed`, as before.
+  `[DONE]`, any shape the pattern does not know) goes through `orjson` and `StreamAccumulator.feed`, as before; the
+  first chunk's prompt ids (8,000 for an 8k-token prompt) are packed in C as `TokenIds` on the way, not made into
+  Python ints (`_packed_ids_chunk`, the same cut as `vllm.fast_answer`'s).
 
 Both give the same record and the same events after `streaming.coalesce` (adjacent text of one read merged): the
 fast path emits a run's text already merged. Anything the fast decode cannot read exactly (a malformed number, a
@@ -33,6 +35,7 @@ import orjson
 
 from nemo_polar.proxy.engines.base import UpstreamError
 from nemo_polar.proxy.normalized import ChatResult, StreamEvent, ToolCall
+from nemo_polar.types import TokenIds
 
 __all__ = ["SCANNER", "StreamAccumulator"]
 
@@ -94,7 +97,7 @@ class StreamAccumulator:
         self.tools: dict[int, list[Any]] = {}
         self.ids: list[int] = []
         self.logprobs: list[float] = []
-        self.prompt_ids: list[int] = []
+        self.prompt_ids: list[int] | TokenIds = []
         self.usage: dict[str, Any] = {}
         self.finish = "stop"
         self.model = served_model
@@ -161,10 +164,14 @@ class StreamAccumulator:
         if payload == b"[DONE]":
             self.done = True
             return False
-        try:
-            chunk = orjson.loads(payload)
-        except orjson.JSONDecodeError as exc:
-            raise UpstreamError(502, "api_error", "upstream sent a malformed SSE chunk") from exc
+        packed = _packed_ids_chunk(payload) if len(payload) > _PACK_MIN else None
+        if packed is not None:  # the first chunk's prompt ids, packed (set before `feed`, as its top-level ids are)
+            chunk, self.prompt_ids = packed
+        else:
+            try:
+                chunk = orjson.loads(payload)
+            except orjson.JSONDecodeError as exc:
+                raise UpstreamError(502, "api_error", "upstream sent a malformed SSE chunk") from exc
         if "error" in chunk and "choices" not in chunk:
             err = chunk["error"]
             msg = err.get("message", str(err)) if isinstance(err, dict) else str(err)
@@ -295,11 +302,41 @@ def _run_rows(run: Run, block: bytes) -> list[tuple[bytes, ...]]:
     return rows
 
 
+# carry prompt ids as `TokenIds` from the answer to the record (here and in `vllm.fast_answer`; benchmarks and tests
+# switch it off to compare)
+PACK_PROMPT_IDS = True
+_PACK_MIN = 1024  # a chunk shorter than this is not worth the walk
+
+
+def _packed_ids_chunk(payload: bytes) -> tuple[dict[str, Any], TokenIds] | None:
+    """A chunk with top-level prompt ids, parsed without making their ints: the chunk (its `prompt_token_ids` left
+    empty) and the ids packed, as `vllm.fast_answer` does for a whole answer; None (parse it whole) otherwise."""
+    if _answer_logprobs is None or not PACK_PROMPT_IDS:
+        return None
+    cut = _answer_logprobs(payload, True)
+    if cut is None or cut[1] or cut[2] is None:  # no ids cut, or logprob entries cut too: the whole parse
+        return None
+    try:
+        chunk = orjson.loads(cut[0])
+    except orjson.JSONDecodeError:
+        return None
+    if (
+        not isinstance(chunk, dict)
+        or chunk.get("prompt_token_ids") != []
+        or ("error" in chunk and "choices" not in chunk)
+    ):
+        return None
+    return chunk, TokenIds(cut[2])
+
+
+_answer_logprobs: Callable[[bytes, bool], tuple[bytes, int, bytes | None] | None] | None
 _segments: Callable[[bytes], list[bytes | Run]]
 try:  # the same segments in one pass in C (_sse_scan.c); built with the package when a compiler is there
+    from nemo_polar.proxy.engines._sse_scan import answer_logprobs as _answer_logprobs
     from nemo_polar.proxy.engines._sse_scan import segments as _segments
 
     SCANNER = "c"  # which one `feed_block` uses (benchmarks print it)
 except ImportError:  # a build without a compiler
     _segments = _segments_py
+    _answer_logprobs = None
     SCANNER = "regex"
