@@ -115,19 +115,12 @@ def weights_dir_for_vllm(worker: Any, out: Path, base_model_dir: Path) -> Path:
 
 def record_policy_versions(run_dir: Path, record_ids: list[str]) -> list[Any]:
     """The distinct `policy_version`s of these proxy records, read (read-only) from the hosted stack's store."""
-    import sqlite3
+    from nemo_polar.proxy.store import read_records
 
-    from nemo_polar.proxy.store import DB_NAME
-    from nemo_polar.types import CompletionRecord
-
-    conn = sqlite3.connect(f"file:{run_dir / DB_NAME}?mode=ro", uri=True)
-    try:
-        found = set()
-        for rid in record_ids:
-            row = conn.execute("SELECT data FROM records WHERE id = ?", (rid,)).fetchone()
-            found.add("missing" if row is None else CompletionRecord.from_json(row[0]).policy_version)
-    finally:
-        conn.close()
+    got = read_records(run_dir, ids=record_ids, include_pending=True)
+    found: set[Any] = {r.policy_version for r in got}
+    if len({r.id for r in got}) < len(set(record_ids)):
+        found.add("missing")
     return sorted(found, key=str)
 
 

@@ -29,7 +29,6 @@ import json
 import math
 import os
 import shutil
-import sqlite3
 import sys
 import tempfile
 import time
@@ -141,19 +140,9 @@ def expected_reward(choice: str | None) -> float:
 
 def load_records(run_dir: Path, record_ids: Sequence[str]) -> dict[str, Any]:
     """These proxy records from the hosted stack's store (read-only)."""
-    from nemo_polar.proxy.store import DB_NAME
-    from nemo_polar.types import CompletionRecord
+    from nemo_polar.proxy.store import read_records
 
-    conn = sqlite3.connect(f"file:{run_dir / DB_NAME}?mode=ro", uri=True)
-    try:
-        out = {}
-        for rid in record_ids:
-            row = conn.execute("SELECT data FROM records WHERE id = ?", (rid,)).fetchone()
-            if row is not None:
-                out[rid] = CompletionRecord.from_json(row[0])
-        return out
-    finally:
-        conn.close()
+    return {r.id: r for r in read_records(run_dir, ids=record_ids, include_pending=True)}
 
 
 def per_request_rows(

@@ -1,10 +1,32 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The proxy's durable record store: one SQLite database (WAL) per store directory.
+"""The proxy's durable record store: one SQLite database (WAL) per store directory, with an append-only payload file.
 
 `RecordStore.commit(record)` returns once the record is on disk; the proxy awaits it before the reply's terminal
 part leaves (docs/contracts.md, "Durability"). Concurrent commits are batched: a single writer thread drains every
 pending write into one transaction, commits it, then resolves all their futures, so 64 concurrent replies cost one
 fsync, not 64. Token arrays are stored compactly (`CompletionRecord.to_json(compact=True)`: base64 int32/float64).
+
+Layout. `records.sqlite` holds one small row per record (id, session, seq, state) and the sessions;
+`records.sqlite-payloads` beside it holds each record's JSON of more than `INLINE_MAX` bytes (17-118 KB on the
+long-stream mix) as a frame: magic, length, crc32, then the bytes. The row's `data` is then a 17-byte reference (a
+tag byte JSON never starts with, the frame's offset, length and crc32); a smaller record's JSON stays in `data`, as
+every record of a store written before the payload file does, and both read the same. Out of SQLite a large record
+is written once (not into overflow pages, then the WAL, then again by the checkpoint): on the mix the proxy uses
+≈ 6 % (c=1) and ≈ 11 % (c=64) less CPU per request (docs/performance.md). `INLINE_MAX` is a page: JSON of 1.6-6 KB
+costs within ±10 % either way committed alone and 25-30 % less in the file in batches of 16, 12 KB already 25 % less
+alone. Every read checks the frame against the reference; a torn, truncated or missing payload is `StoreCorrupt`
+naming the record, never other bytes. The file only grows: a placeholder's frame, and the bytes of a batch whose
+commit failed or whose process died before committing, are garbage no row points to. Copy or archive the directory,
+not the database alone.
+
+Writers. Several processes may write one store (a rollout server and its gateways, tools). A batch with payloads
+begins with `BEGIN IMMEDIATE`, takes SQLite's write lock, and only then reads the file's end and writes its frames
+there (one `pwrite`), so two writers never take the same offset; the rows that reference the frames commit in the
+same transaction. Durability is unchanged: without `fsync` the frames are in the OS before the commit is, so a
+killed process loses nothing it committed; with `fsync` the frames are fsynced before the commit that references
+them. Only the checkpointer thread checkpoints (`wal_autocheckpoint=0`), and it syncs the payload file first, for
+the commits that a read transaction pins (the checkpoint cannot pass them), so no row reaches the database file
+before its payload is on disk; `open` and `close` sync it before SQLite's checkpoint on closing the last connection.
 
 A record may first be written as *pending* (`put_pending`) when a call is admitted; `commit` replaces it with the
 final record, updating the placeholder's row in place (its index entries are not deleted and re-inserted). The
@@ -13,11 +35,11 @@ placeholder holds what identifies the call and the caller's original request, no
 pending rows left by a killed process become failure records (`error.type == "interrupted"`, with the original
 request), so a stream cut by a crash is still accounted for.
 
-New databases use 16 KiB pages (SQLite's default is 4 KiB). Every page a commit touches is one WAL frame (two
-`pwrite`s) and is copied once more by the checkpoint: against 8 KiB pages, commits of several records cost ~10 % less
-CPU (16 KB and ~115 KB records: 1k- and 8k-token prompts), one ~115 KB record committed alone the same, one 16 KB
-record alone ~18 % more (its page, two index pages and the header page are each a whole frame). Measured by
-`benchmarks/store_cost.py`. An existing database keeps the page size it was created with.
+New databases use 4 KiB pages (SQLite's default). Every page a commit touches is one WAL frame (two `pwrite`s) and is
+copied once more by the checkpoint; with the payloads out of the rows a commit touches a few small pages. Against the
+16 KiB pages used while the JSON was in the rows, records committed one at a time cost up to ≈ 20 % less store CPU
+(a 1k-token prompt's stream 215 -> 169 µs, an 8k-token one's 368 -> 316 µs), in batches of 16 about the same (the
+`benchmarks/store_cost.py` cases). An existing database keeps the page size it was created with.
 
 Sessions are persisted in the same database (a JSON blob per session) so they survive a restart.
 This module does no HTTP and knows nothing of dialects.
@@ -29,12 +51,14 @@ import asyncio
 import base64
 import dataclasses
 import logging
+import os
 import queue
 import sqlite3
 import struct
 import threading
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +67,22 @@ import orjson
 from nemo_polar.errors import PolarError
 from nemo_polar.types import CompletionRecord, TokenIds
 
-__all__ = ["DB_NAME", "RecordStore", "StoreClosed", "read_records"]
+__all__ = ["DB_NAME", "PAYLOADS_NAME", "RecordStore", "StoreClosed", "StoreCorrupt", "read_records"]
 
 log = logging.getLogger(__name__)
 
 DB_NAME = "records.sqlite"
-PAGE_SIZE = 16384  # bytes per SQLite page of a new database (module docstring)
+PAYLOADS_NAME = DB_NAME + "-payloads"  # the append-only payload file beside it (module docstring)
+PAGE_SIZE = 4096  # bytes per SQLite page of a new database (module docstring)
+INLINE_MAX = 4096  # a record's JSON of up to this many bytes stays in its row (module docstring)
+
+# a payload frame in PAYLOADS_NAME: magic, payload length, crc32 of the payload, then the payload
+_FRAME = struct.Struct("<4sII")
+_MAGIC = b"PLRP"
+# what a row's `data` holds for a payload in the file: a tag byte JSON never starts with, the frame's offset, the
+# payload's length and crc32 (a frame that is valid but not this record's, e.g. in a replaced file, is refused too)
+_REF = struct.Struct("<BQII")
+_REF_TAG = 1
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -75,25 +109,111 @@ class StoreClosed(PolarError, RuntimeError):
     """A write was attempted on a closed store."""
 
 
+class StoreCorrupt(PolarError, RuntimeError):
+    """A record's payload is missing from the payload file or damaged (torn by a crash or a power loss before it
+    reached the disk, the file truncated, replaced or not copied with the database)."""
+
+
 class StoreWriteError(PolarError, OSError):
     """The store could not write (disk full, I/O error): nothing of that batch was kept; the call may be retried."""
+
+
+class _Payloads:
+    """The store's payload file: frames appended at its end by whoever holds SQLite's write lock, read by reference.
+
+    One descriptor per store object, opened on first use (read-only where the store is only read: a store whose
+    records are all inline has no payload file)."""
+
+    def __init__(self, path: Path, *, writable: bool):
+        self.path = path
+        self._writable = writable
+        self._fd: int | None = None
+
+    def _open(self) -> int | None:
+        if self._fd is None:
+            flags = (os.O_RDWR | os.O_CREAT) if self._writable else os.O_RDONLY
+            try:
+                self._fd = os.open(self.path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
+            except FileNotFoundError:
+                if self._writable:
+                    raise
+                return None
+        return self._fd
+
+    def append(self, payloads: list[bytes]) -> list[bytes]:
+        """Write `payloads` as frames at the file's end, in one write; return their row references. The caller holds
+        SQLite's write lock (`BEGIN IMMEDIATE`), so no other writer, in this process or another, takes the same end;
+        bytes of a writer that failed or died before its commit stay as garbage no row points to."""
+        fd = self._open()
+        assert fd is not None
+        offset = os.fstat(fd).st_size
+        parts: list[bytes] = []
+        refs: list[bytes] = []
+        at = offset
+        for data in payloads:
+            crc = zlib.crc32(data)
+            parts.append(_FRAME.pack(_MAGIC, len(data), crc))
+            parts.append(data)
+            refs.append(_REF.pack(_REF_TAG, at, len(data), crc))
+            at += _FRAME.size + len(data)
+        buf = memoryview(b"".join(parts))
+        while buf:
+            n = os.pwrite(fd, buf, offset)
+            buf, offset = buf[n:], offset + n
+        return refs
+
+    def sync(self) -> None:
+        """Flush the file to the disk (every process's frames: the page cache is shared)."""
+        fd = self._open()
+        if fd is not None:
+            os.fdatasync(fd) if hasattr(os, "fdatasync") else os.fsync(fd)
+
+    def resolve(self, record_id: str, data: bytes) -> bytes:
+        """The record's JSON: `data` itself when inline (every row of a store written before the payload file), else
+        the frame `data` points to, checked; `StoreCorrupt` naming the record when it is missing or damaged."""
+        if data[:1] == b"{":
+            return bytes(data)
+        if len(data) != _REF.size or data[0] != _REF_TAG:
+            raise StoreCorrupt(f"record {record_id!r}: its row holds neither a record nor a payload reference")
+        _, offset, length, crc = _REF.unpack(data)
+        where = f"record {record_id!r}: its payload ({length} bytes at offset {offset} of {self.path})"
+        fd = self._open()
+        if fd is None:
+            raise StoreCorrupt(f"{where} is missing: there is no payload file")
+        head = os.pread(fd, _FRAME.size, offset)
+        if len(head) < _FRAME.size or _FRAME.unpack(head) != (_MAGIC, length, crc):
+            raise StoreCorrupt(f"{where} is missing or damaged: no matching frame header there")
+        payload = os.pread(fd, length, offset + _FRAME.size)
+        if len(payload) != length:
+            raise StoreCorrupt(f"{where} is cut short: the file ends {length - len(payload)} bytes early")
+        if zlib.crc32(payload) != crc:
+            raise StoreCorrupt(f"{where} is damaged: its checksum does not match")
+        return payload
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class RecordStore:
     """SQLite-WAL store of `CompletionRecord`s and sessions with batched, durable commits.
 
     Args:
-        directory: the store directory (created); the database is `directory/records.sqlite`.
+        directory: the store directory (created); the database is `directory/records.sqlite`, the payload file
+            `directory/records.sqlite-payloads` (module docstring).
         fsync: `True` uses `synchronous=FULL`: every batch is fsynced (survives power loss) by a writer thread, so
-            the event loop never waits on the disk. `False` (default) uses `NORMAL`, which in WAL mode still survives
-            a killed process (the durability rule: the committed WAL frames are in the OS before `commit` returns);
-            batches are then written on the event loop itself (no fsync, ~0.1 ms), avoiding thread hand-offs.
+            the event loop never waits on the disk; the batch's payload frames are fsynced before its commit. `False`
+            (default) uses `NORMAL`, which in WAL mode still survives a killed process (the durability rule: the
+            committed WAL frames and payload frames are in the OS before `commit` returns); batches are then written
+            on the event loop itself (no fsync, ~0.1 ms), avoiding thread hand-offs.
         max_batch: most writes folded into one transaction.
     """
 
     def __init__(self, directory: str | Path, *, fsync: bool = False, max_batch: int = 1024):
         self.directory = Path(directory)
         self.path = self.directory / DB_NAME
+        self._payloads = _Payloads(self.directory / PAYLOADS_NAME, writable=True)
         self._fsync = fsync
         self._max_batch = max_batch
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -114,6 +234,9 @@ class RecordStore:
     def open(self) -> RecordStore:
         """Create the schema, recover pending rows of a previous process, start the writer thread."""
         self.directory.mkdir(parents=True, exist_ok=True)
+        # frames a killed writer left in the page cache reach the disk before any checkpoint here (closing the last
+        # connection is one) can copy their rows into the database
+        self._payloads.sync()
         conn = self._connect()
         conn.executescript(_SCHEMA)
         recovered = self._recover(conn)
@@ -128,23 +251,37 @@ class RecordStore:
             self._thread = threading.Thread(target=self._writer, name="polar-store-writer", daemon=True)
             self._thread.start()
         else:
-            # WAL checkpoints (which fsync) run in a background thread, never on the event loop
             self._inline_conn = self._connect()
-            self._inline_conn.execute("PRAGMA wal_autocheckpoint=0")
-            self._ckpt_stop.clear()
-            self._ckpt_thread = threading.Thread(target=self._checkpointer, name="polar-store-ckpt", daemon=True)
-            self._ckpt_thread.start()
+        # WAL checkpoints (which fsync) run in a background thread, never on the event loop nor in a commit
+        self._ckpt_stop.clear()
+        self._ckpt_thread = threading.Thread(target=self._checkpointer, name="polar-store-ckpt", daemon=True)
+        self._ckpt_thread.start()
         return self
 
     def _checkpointer(self) -> None:
         conn = self._connect()
+        pin = self._connect(readonly=True)
         while not self._ckpt_stop.wait(self.checkpoint_every_s):
-            try:
-                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-            except sqlite3.Error as exc:  # busy: try again next round
-                log.debug("checkpoint skipped: %s", exc)
-        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            self._checkpoint(conn, pin)
+        self._checkpoint(conn, pin)
+        pin.close()
         conn.close()
+
+    def _checkpoint(self, conn: sqlite3.Connection, pin: sqlite3.Connection) -> None:
+        """Copy committed WAL frames into the database, never a row whose payload frame is not on disk: a read
+        transaction on `pin` stops the checkpoint at the commits made before it began (it may not overwrite pages
+        that snapshot reads), whose frames were all written before they committed; the payload file is synced, then
+        the checkpoint runs."""
+        try:
+            pin.execute("BEGIN")
+            pin.execute("SELECT 1 FROM records LIMIT 1").fetchall()
+            self._payloads.sync()
+            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+        except (sqlite3.Error, OSError) as exc:  # busy, or the sync failed: nothing copied, try again next round
+            log.debug("checkpoint skipped: %s", exc)
+        finally:
+            if pin.in_transaction:
+                pin.execute("COMMIT")
 
     def close(self) -> None:
         """Flush pending writes and stop the writer thread."""
@@ -155,38 +292,42 @@ class RecordStore:
             self._flush_inline()
             self._inline_conn.close()
             self._inline_conn = None
-            self._ckpt_stop.set()
-            if self._ckpt_thread is not None:
-                self._ckpt_thread.join(timeout=30)
         self._queue.put(_STOP)
         if self._thread is not None:
             self._thread.join(timeout=30)
+        self._ckpt_stop.set()
+        if self._ckpt_thread is not None:
+            self._ckpt_thread.join(timeout=30)
+        # closing the last connection to the database checkpoints it: every frame on disk first
+        self._payloads.sync()
         if self._reader is not None:
             self._reader.close()
             self._reader = None
+        self._payloads.close()
 
     def _connect(self, *, readonly: bool = False) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, timeout=30, isolation_level=None, check_same_thread=False)
         conn.execute(f"PRAGMA page_size={PAGE_SIZE}")  # takes effect only while the database is still empty
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(f"PRAGMA synchronous={'FULL' if self._fsync else 'NORMAL'}")
+        conn.execute("PRAGMA wal_autocheckpoint=0")  # only the checkpointer checkpoints (`_checkpoint`)
         if readonly:
             conn.execute("PRAGMA query_only=1")
         return conn
 
-    @staticmethod
-    def _recover(conn: sqlite3.Connection) -> int:
-        rows = conn.execute("SELECT id, data FROM records WHERE state = 'pending'").fetchall()
+    def _recover(self, conn: sqlite3.Connection) -> int:
+        rows = conn.execute("SELECT id, session_id, seq, data FROM records WHERE state = 'pending'").fetchall()
         if not rows:
             return 0
         conn.execute("BEGIN")
-        for rid, data in rows:
-            rec = orjson.loads(data)
-            rec["error"] = {
-                "type": "interrupted",
-                "message": "the proxy stopped before this call's reply was complete",
-                "detected_at": time.time(),
-            }
+        for rid, session_id, seq, data in rows:
+            message = "the proxy stopped before this call's reply was complete"
+            try:
+                rec = orjson.loads(self._payloads.resolve(rid, data))
+            except StoreCorrupt as exc:  # a power loss took the placeholder's frame: what the row itself says
+                rec = {"id": rid, "session_id": session_id, "seq": seq, "dialect": ""}
+                message += f"; its placeholder is lost ({exc})"
+            rec["error"] = {"type": "interrupted", "message": message, "detected_at": time.time()}
             conn.execute(
                 "UPDATE records SET state = 'done', failed = 1, data = ? WHERE id = ?", (orjson.dumps(rec), rid)
             )
@@ -271,11 +412,21 @@ class RecordStore:
 
     def _write_batch(self, conn: sqlite3.Connection, batch: list[Any]) -> None:
         error: BaseException | None = None
-        single = len(batch) == 1  # one statement is its own transaction (autocommit): skip BEGIN/COMMIT
+        ops = [op for op, _, _ in batch]
+        large = [i for i, op in enumerate(ops) if op[0] == "record" and len(op[6]) > INLINE_MAX]
+        single = len(ops) == 1 and not large  # one statement is its own transaction (autocommit): no BEGIN/COMMIT
         try:
-            if not single:
+            if large:
+                # the payload file's end is taken under SQLite's write lock, held from here to the commit
+                conn.execute("BEGIN IMMEDIATE")
+                refs = self._payloads.append([ops[i][6] for i in large])
+                if self._fsync:
+                    self._payloads.sync()  # on disk before the commit that references it
+                for i, ref in zip(large, refs, strict=True):
+                    ops[i] = (*ops[i][:6], ref, *ops[i][7:])
+            elif not single:
                 conn.execute("BEGIN")
-            for op, _, _ in batch:
+            for op in ops:
                 self._apply(conn, op)
             if not single:
                 conn.execute("COMMIT")
@@ -337,30 +488,30 @@ class RecordStore:
 
     def get_record(self, record_id: str) -> CompletionRecord | None:
         row = self._read().execute("SELECT data FROM records WHERE id = ?", (record_id,)).fetchone()
-        return None if row is None else CompletionRecord.from_json(row[0])
+        return None if row is None else CompletionRecord.from_json(self._payloads.resolve(record_id, row[0]))
 
     def list_records(
         self, session_id: str, *, after_seq: int = -1, limit: int = 100, include_pending: bool = False
     ) -> list[CompletionRecord]:
         """A page of a session's records in `seq` order, starting after `after_seq`."""
-        sql = "SELECT data FROM records WHERE session_id = ? AND seq > ?"
+        sql = "SELECT id, data FROM records WHERE session_id = ? AND seq > ?"
         if not include_pending:
             sql += " AND state = 'done'"
         sql += " ORDER BY seq LIMIT ?"
         rows = self._read().execute(sql, (session_id, after_seq, limit)).fetchall()
-        return [CompletionRecord.from_json(r[0]) for r in rows]
+        return [CompletionRecord.from_json(self._payloads.resolve(rid, data)) for rid, data in rows]
 
     def list_records_raw(self, session_id: str, *, after_seq: int = -1, limit: int = 100) -> list[bytes]:
         """Like `list_records` but the stored compact JSON, unparsed (for the HTTP API)."""
         rows = (
             self._read()
             .execute(
-                "SELECT data FROM records WHERE session_id = ? AND seq > ? AND state = 'done' ORDER BY seq LIMIT ?",
+                "SELECT id, data FROM records WHERE session_id = ? AND seq > ? AND state = 'done' ORDER BY seq LIMIT ?",
                 (session_id, after_seq, limit),
             )
             .fetchall()
         )
-        return [bytes(r[0]) for r in rows]
+        return [self._payloads.resolve(rid, data) for rid, data in rows]
 
     def session_stats(self, session_id: str) -> dict[str, int]:
         """`{records, failed, next_seq}` for a session (next_seq continues numbering after a restart)."""
@@ -382,21 +533,33 @@ class RecordStore:
         return [(sid, key, float(created), orjson.loads(data)) for sid, key, created, data in rows]
 
 
-def read_records(directory: str | Path, *, include_pending: bool = False) -> list[CompletionRecord]:
-    """Every record of the store in `directory` (its `records.sqlite`), ordered by session and `seq`, read through a
-    read-only connection (a live proxy may still be writing). Pending rows (calls not finished yet) are left out
-    unless `include_pending`. The one way to read a store that this process does not hold open; raises
-    `FileNotFoundError` when there is no store."""
-    path = Path(directory) / DB_NAME
+def read_records(
+    directory: str | Path, *, include_pending: bool = False, ids: Iterable[str] | None = None
+) -> list[CompletionRecord]:
+    """Every record of the store in `directory` (its `records.sqlite` and payload file), ordered by session and `seq`,
+    read through a read-only connection (a live proxy may still be writing); with `ids`, only those records, in that
+    order (an id with no record is skipped). Pending rows (calls not finished yet) are left out unless
+    `include_pending`. The one way to read a store that this process does not hold open; raises `FileNotFoundError`
+    when there is no store, `StoreCorrupt` when a record's payload is missing or damaged."""
+    directory = Path(directory)
+    path = directory / DB_NAME
     if not path.exists():
         raise FileNotFoundError(f"{path}: no record store")
+    state = "" if include_pending else " AND state = 'done'"
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
     try:
-        sql = "SELECT data FROM records" + ("" if include_pending else " WHERE state = 'done'")
-        rows = conn.execute(sql + " ORDER BY session_id, seq").fetchall()
+        if ids is None:
+            rows = conn.execute(f"SELECT id, data FROM records WHERE 1{state} ORDER BY session_id, seq").fetchall()
+        else:
+            sql = f"SELECT id, data FROM records WHERE id = ?{state}"
+            rows = [row for rid in ids if (row := conn.execute(sql, (rid,)).fetchone()) is not None]
     finally:
         conn.close()
-    return [CompletionRecord.from_json(r[0]) for r in rows]
+    payloads = _Payloads(directory / PAYLOADS_NAME, writable=False)
+    try:
+        return [CompletionRecord.from_json(payloads.resolve(rid, data)) for rid, data in rows]
+    finally:
+        payloads.close()
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(CompletionRecord))

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from typing import Any
 import pytest
 
 from nemo_polar.demo import DEMO_HARNESSES, DEMO_TASKS
+from nemo_polar.proxy.store import read_records
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.timeout(3600)]  # the shared run is set up once
 
@@ -84,15 +84,9 @@ def _lines(path: Path) -> list[dict[str, Any]]:
 
 
 def _records(run: Path) -> dict[str, list[dict[str, Any]]]:
-    con = sqlite3.connect(run / "records.sqlite")
-    try:
-        rows = con.execute("SELECT data FROM records WHERE state = 'done' ORDER BY session_id, seq").fetchall()
-    finally:
-        con.close()
     by: dict[str, list[dict[str, Any]]] = {}
-    for (data,) in rows:
-        d = json.loads(data)
-        by.setdefault(d["session_id"], []).append(d)
+    for rec in read_records(run):
+        by.setdefault(rec.session_id, []).append(rec.to_dict())
     return by
 
 

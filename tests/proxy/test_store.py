@@ -139,7 +139,7 @@ def test_a_streams_final_record_updates_its_placeholder_in_place(tmp_path):
     store.close()
 
 
-@pytest.mark.parametrize("page_size", [4096, 8192])
+@pytest.mark.parametrize("page_size", [8192, 16384])
 def test_a_store_created_with_other_pages_keeps_them_and_reads_back(tmp_path, page_size):
     """A store made before the current page size (SQLite's 4 KiB default, then 8 KiB) opens as it is: its records
     and a killed run's placeholder read back, and new writes (placeholder, then final) go into the same file."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import sqlite3
 import threading
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import pytest
 from nemo_polar.harness_adapters import get_adapter
 from nemo_polar.harness_adapters.install import status
 
+from nemo_polar.proxy.store import read_records
 from nemo_polar.runtime import cli
 from nemo_polar.runtime.sandbox import AGENT_WORKDIR, bwrap_available
 
@@ -65,8 +65,7 @@ def test_session_run_writes_the_run_directory(tmp_path: Path, capsys: pytest.Cap
     assert summary["connect_destinations"] and all(d.startswith("127.0.0.1:") for d in summary["connect_destinations"])
     assert (out / "records.sqlite").exists() and (out / "trajectories.jsonl").read_text().strip()
     # the CLI saw its workdir at the sandbox's fixed path: the recorded prompts name it, never the host directory
-    with sqlite3.connect(out / "records.sqlite") as db:
-        stored = b"".join(bytes(row[0]) for row in db.execute("SELECT data FROM records"))
+    stored = b"".join(r.to_json() for r in read_records(out, include_pending=True))
     assert AGENT_WORKDIR.encode() in stored and str(work).encode() not in stored
     sdir = out / "sessions" / summary["session_id"]
     assert (sdir / "harness.stdout").read_text() and (sdir / "connect.jsonl").read_text()

@@ -1,0 +1,245 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The record store's payload file: large records' JSON beside the database, checked on every read; stores written
+before it still read; concurrent writers (threads and processes) never overlap; a commit survives a SIGKILL."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from nemo_polar.proxy.store import (
+    DB_NAME,
+    INLINE_MAX,
+    PAYLOADS_NAME,
+    RecordStore,
+    StoreCorrupt,
+    read_records,
+    record_bytes,
+)
+from nemo_polar.types import CompletionRecord
+
+_FRAME_HEADER = 12  # magic, length, crc32
+
+
+def _rec(i: int, session: str = "s1", *, tokens: int = 2000) -> CompletionRecord:
+    return CompletionRecord(
+        id=f"r{i}" if session == "s1" else f"{session}-r{i}",
+        session_id=session,
+        seq=i,
+        dialect="openai_chat",
+        original_request={"i": i},
+        prompt_token_ids=[(i * 7 + k) % 50_000 for k in range(tokens)],
+        generation_token_ids=[i, 6, 7],
+        generation_log_probs=[-0.5, -0.25, float(-i)],
+    )
+
+
+def _rows(directory) -> dict[str, bytes]:
+    with sqlite3.connect(f"file:{directory / DB_NAME}?mode=ro", uri=True) as db:
+        return {rid: bytes(data) for rid, data in db.execute("SELECT id, data FROM records")}
+
+
+def _commit_all(store: RecordStore, records: list[CompletionRecord]) -> None:
+    async def main():
+        await asyncio.gather(*(store.commit(r) for r in records))
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("fsync", [False, True], ids=["inline-normal", "thread-full"])
+def test_large_records_go_to_the_payload_file_small_ones_stay_inline(tmp_path, fsync):
+    small, large = _rec(0, tokens=10), _rec(1)
+    assert len(record_bytes(small)) <= INLINE_MAX < len(record_bytes(large))
+    store = RecordStore(tmp_path, fsync=fsync).open()
+    _commit_all(store, [small, large, _rec(2)])
+    assert store.get_record("r0") == small and store.get_record("r1") == large
+    assert store.list_records("s1") == [small, large, _rec(2)]
+    assert store.list_records_raw("s1") == [record_bytes(r) for r in (small, large, _rec(2))]
+    store.close()
+    rows = _rows(tmp_path)
+    assert rows["r0"] == record_bytes(small)  # inline: the JSON itself
+    assert len(rows["r1"]) == len(rows["r2"]) == 17 and rows["r1"][:1] == b"\x01"  # a reference
+    sidecar = (tmp_path / PAYLOADS_NAME).stat().st_size
+    assert sidecar == sum(_FRAME_HEADER + len(record_bytes(r)) for r in (large, _rec(2)))
+    assert read_records(tmp_path) == [small, large, _rec(2)]
+    assert [r.id for r in read_records(tmp_path, ids=["r2", "nope", "r0"])] == ["r2", "r0"]
+
+
+def test_a_streams_placeholder_and_final_record_both_read_back(tmp_path):
+    """A large placeholder goes to the payload file too; a killed run's placeholder is recovered from it."""
+    store = RecordStore(tmp_path).open()
+    placeholder = _rec(0)
+
+    async def main():
+        await store.put_pending(placeholder)
+        await store.put_pending(_rec(1))
+        await store.commit(_rec(1))
+
+    asyncio.run(main())
+    assert [r.id for r in store.list_records("s1", include_pending=True)] == ["r0", "r1"]
+    assert _rows(tmp_path)["r0"][:1] == b"\x01"
+    store.close()  # with the call still open, as a killed proxy leaves it
+    store2 = RecordStore(tmp_path).open()
+    got = store2.get_record("r0")
+    assert got.error["type"] == "interrupted" and got.prompt_token_ids == placeholder.prompt_token_ids
+    assert store2.get_record("r1") == _rec(1)
+    store2.close()
+
+
+def test_a_store_written_before_the_payload_file_still_reads_and_grows(tmp_path):
+    """Rows with their JSON inline, however large, and no payload file: read as they are, by the store and by
+    `read_records`; new commits then go to the payload file beside them."""
+    old = [_rec(0), _rec(1, tokens=10)]
+    db = sqlite3.connect(tmp_path / DB_NAME, isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript(
+        "CREATE TABLE records (id TEXT PRIMARY KEY, session_id TEXT NOT NULL, seq INTEGER NOT NULL,"
+        " state TEXT NOT NULL, failed INTEGER NOT NULL, data BLOB NOT NULL);"
+        "CREATE INDEX records_by_session ON records (session_id, seq);"
+        "CREATE TABLE sessions (session_id TEXT PRIMARY KEY, api_key TEXT NOT NULL UNIQUE,"
+        " created_at REAL NOT NULL, data BLOB NOT NULL);"
+    )
+    for r in old:
+        db.execute("INSERT INTO records VALUES (?, ?, ?, 'done', 0, ?)", (r.id, r.session_id, r.seq, record_bytes(r)))
+    db.close()
+    assert read_records(tmp_path) == old
+    assert not (tmp_path / PAYLOADS_NAME).exists()  # reading creates nothing
+    store = RecordStore(tmp_path).open()
+    _commit_all(store, [_rec(2)])
+    assert store.list_records("s1") == [*old, _rec(2)]
+    store.close()
+    assert read_records(tmp_path) == [*old, _rec(2)]
+    assert _rows(tmp_path)["r0"] == record_bytes(old[0])
+
+
+def _damage(path, offset: int, data: bytes) -> None:
+    with open(path, "r+b") as f:
+        f.seek(offset)
+        f.write(data)
+
+
+@pytest.mark.parametrize(
+    ("what", "bad", "message"),
+    [
+        ("torn", "r1", "cut short"),
+        ("flipped byte", "r0", "checksum"),
+        ("overwritten header", "r1", "no matching frame header"),
+        ("missing file", "r0", "no payload file"),
+    ],
+)
+def test_a_damaged_payload_is_a_clear_error_naming_the_record(tmp_path, what, bad, message):
+    store = RecordStore(tmp_path).open()
+    _commit_all(store, [_rec(0), _rec(1)])
+    store.close()
+    path = tmp_path / PAYLOADS_NAME
+    first = _FRAME_HEADER + len(record_bytes(_rec(0)))
+    if what == "torn":  # the second frame only partly on disk
+        os.truncate(path, first + _FRAME_HEADER + 100)
+    elif what == "flipped byte":
+        _damage(path, _FRAME_HEADER + 50, b"#")
+    elif what == "overwritten header":
+        _damage(path, first, b"\0" * _FRAME_HEADER)
+    else:
+        path.unlink()
+    with pytest.raises(StoreCorrupt, match=f"record '{bad}'.*{message}"):
+        read_records(tmp_path)
+    store = RecordStore(tmp_path).open()
+    with pytest.raises(StoreCorrupt, match=f"record '{bad}'"):
+        store.get_record(bad)
+    with pytest.raises(StoreCorrupt, match=f"record '{bad}'"):
+        store.list_records_raw("s1")
+    good = "r1" if bad == "r0" else "r0"
+    if what != "missing file":
+        assert store.get_record(good) == _rec(int(good[1:]))
+    store.close()
+
+
+_CHILD = textwrap.dedent(
+    """
+    import asyncio, sys
+    from nemo_polar.proxy.store import RecordStore
+    from tests.proxy.test_store_payloads import _rec
+
+    directory, session, n, hold = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "hold"
+    store = RecordStore(directory).open()
+
+    async def main():
+        for i in range(0, n, 4):
+            await asyncio.gather(*(store.commit(_rec(k, session)) for k in range(i, min(n, i + 4))))
+        if hold:
+            await store.put_pending(_rec(n, session))
+
+    if not hold:  # start together with the parent's writers
+        print("ready", flush=True)
+        sys.stdin.readline()
+    asyncio.run(main())
+    print("committed", flush=True)
+    if hold:  # killed here: no close, no checkpoint
+        sys.stdin.read()
+    store.close()
+    """
+)
+
+
+def _child(tmp_path, session: str, n: int, hold: bool) -> subprocess.Popen[str]:
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    return subprocess.Popen(
+        [sys.executable, "-c", _CHILD, str(tmp_path), session, str(n), "hold" if hold else "run"],
+        cwd=root,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": root},
+    )
+
+
+def test_concurrent_writers_in_threads_and_processes_never_overlap(tmp_path):
+    """Two stores in this process (the event loop's writes and a writer thread's) and one in another process
+    commit to one store at once: every record reads back whole and its own."""
+    n = 60
+    child = _child(tmp_path, "proc", n, hold=False)
+    a = RecordStore(tmp_path).open()
+    b = RecordStore(tmp_path, fsync=True).open()
+    assert child.stdout.readline().strip() == "ready"
+    child.stdin.write("go\n")
+    child.stdin.flush()
+
+    async def main():
+        for i in range(0, n, 3):
+            await asyncio.gather(
+                *(a.commit(_rec(k, "a")) for k in range(i, i + 3)),
+                *(b.commit(_rec(k, "b")) for k in range(i, i + 3)),
+            )
+
+    asyncio.run(main())
+    assert child.wait(timeout=30) == 0
+    a.close()
+    b.close()
+    got = read_records(tmp_path)
+    assert len(got) == 3 * n
+    for r in got:
+        assert r == _rec(r.seq, r.session_id)
+    frames = sum(_FRAME_HEADER + len(record_bytes(r)) for r in got)
+    assert (tmp_path / PAYLOADS_NAME).stat().st_size == frames  # back to back: no gap, no overlap
+
+
+def test_a_committed_record_survives_sigkill_of_its_process(tmp_path):
+    child = _child(tmp_path, "k", 6, hold=True)
+    try:
+        assert child.stdout.readline().strip() == "committed"
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait(timeout=30)
+    assert child.returncode == -signal.SIGKILL
+    assert read_records(tmp_path) == [_rec(i, "k") for i in range(6)]
+    store = RecordStore(tmp_path).open()  # the killed run's placeholder becomes an interrupted failure
+    placeholder = store.get_record("k-r6")
+    assert placeholder.error["type"] == "interrupted" and placeholder.prompt_token_ids == _rec(6, "k").prompt_token_ids
+    store.close()
