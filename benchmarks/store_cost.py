@@ -12,13 +12,14 @@ write its own transaction; 16 / 64 = that many replies finishing in the same loo
 
 Columns, measured in the same run:
   store     the store as shipped, on a new database
-  old db    the same code on a database created with 8 KiB pages (stores made before 16 KiB pages; same schema):
-            the page size's effect, in the same run
+  old db    the same code on a database created with 8 KiB pages (as stores were made before they used 16 KiB
+            pages, and then 4 KiB once large records' JSON moved to the payload file; same schema): the page size's
+            effect, in the same run
   replace   (streams) the final record written as before in-place updates: INSERT OR REPLACE of the placeholder's
             row, which deletes the row and its two index entries and inserts them again
   floor     plain SQLite, the store's page size and connection settings: one `INSERT` of the same bytes per write
             into a one-B-tree table, one transaction per batch, no checkpoint (the WAL grows): what any durable
-            SQLite record costs
+            SQLite record with its JSON in the row costs (the store writes large ones to its payload file instead)
   bytes     `record_bytes` alone (serialising the record, and its placeholder for a stream; part of `loop`)
 
     .venv/bin/python benchmarks/store_cost.py [--quick] [--repeat N] [--dir DIR]
@@ -50,7 +51,7 @@ from nemo_polar.types import CompletionRecord
 KINDS = {"1k prompt, 64 answer": (1000, 64), "8k prompt, 512 answer": (8000, 512)}
 BATCHES = (1, 16, 64)
 
-# a store as created before 16 KiB pages (the schema is unchanged)
+# a store as created with 8 KiB pages (the schema is unchanged)
 OLD_SCHEMA = """
 PRAGMA page_size=8192;
 PRAGMA journal_mode=WAL;

@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """The record types every layer of nemo-polar exchanges (docs/contracts.md), with validation and JSON round-trip.
 
-This module is a leaf: it imports nothing of ours but the optional C encoder `_arrays`, which imports nothing. It
+This module is a leaf: it imports nothing of ours but `token_ids` (the packed token-id sequence) and the optional C
+encoder `_arrays`, which import nothing. It
 defines `CompletionRecord` (one proxied model call), `Trace` (one trainer-facing token chain), `Trajectory` (a
 session's traces and stats), `EvalResult` and `SessionResult`. Field names are contracts: other layers, NeMo Gym
 and NeMo RL read them by name.
@@ -15,17 +16,16 @@ from __future__ import annotations
 import base64
 import dataclasses
 import math
-import struct
-import sys
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any, ClassVar, TypeVar, overload
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 import orjson
 
 from nemo_polar.errors import PolarError
+from nemo_polar.token_ids import TokenIds, id_list
 
 __all__ = [
     "CallKind",
@@ -102,62 +102,6 @@ class SplitReason(StrEnum):
 
 # ---------------------------------------------------------------------------------------------------------------
 # compact arrays
-
-
-class TokenIds(Sequence[int]):
-    """Token ids held as packed little-endian int32 (each in [0, 2**31)), read-only: what the proxy carries from an
-    engine's answer to the record's "b64:i32:" string without making a Python int per id (an 8k-token prompt: 8,000
-    ints built, checked and packed again). A `Sequence[int]` that equals the list or tuple of its ids (both ways);
-    records read back from the store hold plain lists."""
-
-    __slots__ = ("packed",)
-
-    def __init__(self, packed: bytes):
-        if len(packed) % 4 or not packed[3::4].isascii():  # the top byte of every id under 0x80: in [0, 2**31)
-            raise ValueError("not packed token ids (little-endian int32 in [0, 2**31))")
-        self.packed = packed
-
-    def __len__(self) -> int:
-        return len(self.packed) >> 2
-
-    def tolist(self) -> list[int]:
-        if sys.byteorder == "little":
-            ids: list[int] = memoryview(self.packed).cast("i").tolist()
-            return ids
-        return list(struct.unpack(f"<{len(self)}i", self.packed))
-
-    @overload
-    def __getitem__(self, k: int) -> int: ...
-    @overload
-    def __getitem__(self, k: slice) -> list[int]: ...
-    def __getitem__(self, k: int | slice) -> int | list[int]:
-        if isinstance(k, slice):
-            return self.tolist()[k]
-        n = len(self)
-        i = k + n if k < 0 else k
-        if not 0 <= i < n:
-            raise IndexError("token id index out of range")
-        return int.from_bytes(self.packed[4 * i : 4 * i + 4], "little")
-
-    def __iter__(self) -> Iterator[int]:
-        return iter(self.tolist())
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, TokenIds):
-            return self.packed == other.packed
-        if isinstance(other, (list, tuple)):
-            return len(other) == len(self) and self.tolist() == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]  # equal to lists, which are not hashable
-
-    def __repr__(self) -> str:
-        return f"TokenIds({self.tolist()!r})"
-
-
-def id_list(ids: list[int] | TokenIds) -> list[int]:
-    """Token ids as a list: the list itself, or a `TokenIds`' ids (for code that needs list operations)."""
-    return ids.tolist() if isinstance(ids, TokenIds) else ids
 
 
 _I32 = "b64:i32:"

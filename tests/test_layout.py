@@ -68,7 +68,13 @@ def _imports(path: Path, modname: str, *, module_level: bool = False) -> set[str
     return found
 
 
-CORE_LEAVES = ("nemo_polar.errors", "nemo_polar.keywords", "nemo_polar.loading", "nemo_polar.types")
+CORE_LEAVES = (
+    "nemo_polar.errors",
+    "nemo_polar.keywords",
+    "nemo_polar.loading",
+    "nemo_polar.token_ids",
+    "nemo_polar.types",
+)
 ABOVE_ROLLOUT = (
     "nemo_polar.collect",
     "nemo_polar.data",
@@ -95,7 +101,12 @@ RULES: list[tuple[str, tuple[str, ...], str]] = [
     ("nemo_polar.errors", ("nemo_polar",), "errors.py imports nothing of ours"),
     ("nemo_polar.loading", _all_but("nemo_polar.errors"), "loading.py imports only errors"),
     ("nemo_polar.keywords", ("nemo_polar",), "keywords.py imports nothing of ours"),
-    ("nemo_polar.types", _all_but("nemo_polar.errors"), "types.py is a leaf (errors only)"),
+    ("nemo_polar.token_ids", ("nemo_polar",), "token_ids.py imports nothing of ours"),
+    (
+        "nemo_polar.types",
+        _all_but("nemo_polar.errors", "nemo_polar.token_ids"),
+        "types.py is a leaf (errors, token_ids)",
+    ),
     ("nemo_polar.trajectory", _all_but(*CORE_LEAVES), "trajectory imports only types/errors/loading"),
     ("nemo_polar.harness_adapters", _all_but(*CORE_LEAVES), "adapters see a small context object, not the gateway"),
     ("nemo_polar.proxy", _all_but(*CORE_LEAVES), "the proxy knows no adapter, rollout, runtime or credit"),

@@ -8,7 +8,7 @@ fsync, not 64. Token arrays are stored compactly (`CompletionRecord.to_json(comp
 
 Layout. `records.sqlite` holds one small row per record (id, session, seq, state) and the sessions;
 `records.sqlite-payloads` beside it holds each record's JSON of more than `INLINE_MAX` bytes (17-118 KB on the
-long-stream mix) as a frame: magic, length, crc32, then the bytes. The row's `data` is then a 17-byte reference (a
+long-stream mix) as a frame (`proxy/payloads.py`): magic, length, crc32, then the bytes. The row's `data` is then a 17-byte reference (a
 tag byte JSON never starts with, the frame's offset, length and crc32); a smaller record's JSON stays in `data`, as
 every record of a store written before the payload file does, and both read the same. Out of SQLite a large record
 is written once (not into overflow pages, then the WAL, then again by the checkpoint): on the mix the proxy uses
@@ -51,13 +51,11 @@ import asyncio
 import base64
 import dataclasses
 import logging
-import os
 import queue
 import sqlite3
 import struct
 import threading
 import time
-import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -65,6 +63,7 @@ from typing import Any
 import orjson
 
 from nemo_polar.errors import PolarError
+from nemo_polar.proxy.payloads import PayloadFile, StoreCorrupt
 from nemo_polar.types import CompletionRecord, TokenIds
 
 __all__ = ["DB_NAME", "PAYLOADS_NAME", "RecordStore", "StoreClosed", "StoreCorrupt", "read_records"]
@@ -75,14 +74,6 @@ DB_NAME = "records.sqlite"
 PAYLOADS_NAME = DB_NAME + "-payloads"  # the append-only payload file beside it (module docstring)
 PAGE_SIZE = 4096  # bytes per SQLite page of a new database (module docstring)
 INLINE_MAX = 4096  # a record's JSON of up to this many bytes stays in its row (module docstring)
-
-# a payload frame in PAYLOADS_NAME: magic, payload length, crc32 of the payload, then the payload
-_FRAME = struct.Struct("<4sII")
-_MAGIC = b"PLRP"
-# what a row's `data` holds for a payload in the file: a tag byte JSON never starts with, the frame's offset, the
-# payload's length and crc32 (a frame that is valid but not this record's, e.g. in a replaced file, is refused too)
-_REF = struct.Struct("<BQII")
-_REF_TAG = 1
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -109,91 +100,8 @@ class StoreClosed(PolarError, RuntimeError):
     """A write was attempted on a closed store."""
 
 
-class StoreCorrupt(PolarError, RuntimeError):
-    """A record's payload is missing from the payload file or damaged (torn by a crash or a power loss before it
-    reached the disk, the file truncated, replaced or not copied with the database)."""
-
-
 class StoreWriteError(PolarError, OSError):
     """The store could not write (disk full, I/O error): nothing of that batch was kept; the call may be retried."""
-
-
-class _Payloads:
-    """The store's payload file: frames appended at its end by whoever holds SQLite's write lock, read by reference.
-
-    One descriptor per store object, opened on first use (read-only where the store is only read: a store whose
-    records are all inline has no payload file)."""
-
-    def __init__(self, path: Path, *, writable: bool):
-        self.path = path
-        self._writable = writable
-        self._fd: int | None = None
-
-    def _open(self) -> int | None:
-        if self._fd is None:
-            flags = (os.O_RDWR | os.O_CREAT) if self._writable else os.O_RDONLY
-            try:
-                self._fd = os.open(self.path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
-            except FileNotFoundError:
-                if self._writable:
-                    raise
-                return None
-        return self._fd
-
-    def append(self, payloads: list[bytes]) -> list[bytes]:
-        """Write `payloads` as frames at the file's end, in one write; return their row references. The caller holds
-        SQLite's write lock (`BEGIN IMMEDIATE`), so no other writer, in this process or another, takes the same end;
-        bytes of a writer that failed or died before its commit stay as garbage no row points to."""
-        fd = self._open()
-        assert fd is not None
-        offset = os.fstat(fd).st_size
-        parts: list[bytes] = []
-        refs: list[bytes] = []
-        at = offset
-        for data in payloads:
-            crc = zlib.crc32(data)
-            parts.append(_FRAME.pack(_MAGIC, len(data), crc))
-            parts.append(data)
-            refs.append(_REF.pack(_REF_TAG, at, len(data), crc))
-            at += _FRAME.size + len(data)
-        buf = memoryview(b"".join(parts))
-        while buf:
-            n = os.pwrite(fd, buf, offset)
-            buf, offset = buf[n:], offset + n
-        return refs
-
-    def sync(self) -> None:
-        """Flush the file to the disk (every process's frames: the page cache is shared)."""
-        fd = self._open()
-        if fd is not None:
-            os.fdatasync(fd) if hasattr(os, "fdatasync") else os.fsync(fd)
-
-    def resolve(self, record_id: str, data: bytes) -> bytes:
-        """The record's JSON: `data` itself when inline (every row of a store written before the payload file), else
-        the frame `data` points to, checked; `StoreCorrupt` naming the record when it is missing or damaged."""
-        if data[:1] == b"{":
-            return bytes(data)
-        if len(data) != _REF.size or data[0] != _REF_TAG:
-            raise StoreCorrupt(f"record {record_id!r}: its row holds neither a record nor a payload reference")
-        _, offset, length, crc = _REF.unpack(data)
-        where = f"record {record_id!r}: its payload ({length} bytes at offset {offset} of {self.path})"
-        fd = self._open()
-        if fd is None:
-            raise StoreCorrupt(f"{where} is missing: there is no payload file")
-        head = os.pread(fd, _FRAME.size, offset)
-        if len(head) < _FRAME.size or _FRAME.unpack(head) != (_MAGIC, length, crc):
-            raise StoreCorrupt(f"{where} is missing or damaged: no matching frame header there")
-        payload = os.pread(fd, length, offset + _FRAME.size)
-        if len(payload) != length:
-            raise StoreCorrupt(f"{where} is cut short: the file ends {length - len(payload)} bytes early")
-        if zlib.crc32(payload) != crc:
-            raise StoreCorrupt(f"{where} is damaged: its checksum does not match")
-        return payload
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
 
 class RecordStore:
@@ -213,7 +121,7 @@ class RecordStore:
     def __init__(self, directory: str | Path, *, fsync: bool = False, max_batch: int = 1024):
         self.directory = Path(directory)
         self.path = self.directory / DB_NAME
-        self._payloads = _Payloads(self.directory / PAYLOADS_NAME, writable=True)
+        self._payloads = PayloadFile(self.directory / PAYLOADS_NAME, writable=True)
         self._fsync = fsync
         self._max_batch = max_batch
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -555,7 +463,7 @@ def read_records(
             rows = [row for rid in ids if (row := conn.execute(sql, (rid,)).fetchone()) is not None]
     finally:
         conn.close()
-    payloads = _Payloads(directory / PAYLOADS_NAME, writable=False)
+    payloads = PayloadFile(directory / PAYLOADS_NAME, writable=False)
     try:
         return [CompletionRecord.from_json(payloads.resolve(rid, data)) for rid, data in rows]
     finally:

@@ -1,0 +1,112 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The record store's payload file (`records.sqlite-payloads`): large records' JSON, appended as checksummed frames.
+
+A frame is a 12-byte header (magic `PLRP`, the payload's length, its crc32) and the payload. The store's row for the
+record keeps a 17-byte reference to it (a tag byte JSON never starts with, the frame's offset, the payload's length
+and crc32), so a read checks the frame against what the row says: a torn, truncated, overwritten or missing payload
+is `StoreCorrupt` naming the record, never other bytes. Appends are made by whoever holds SQLite's write lock, so
+writers in several processes never take the same offset. Why the payloads live here and not in the rows, and how
+the file keeps the store's durability: `proxy/store.py`'s docstring and docs/contracts.md, "Storage".
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+from pathlib import Path
+
+from nemo_polar.errors import PolarError
+
+__all__ = ["PayloadFile", "StoreCorrupt"]
+
+# a payload frame in PAYLOADS_NAME: magic, payload length, crc32 of the payload, then the payload
+_FRAME = struct.Struct("<4sII")
+_MAGIC = b"PLRP"
+# what a row's `data` holds for a payload in the file: a tag byte JSON never starts with, the frame's offset, the
+# payload's length and crc32 (a frame that is valid but not this record's, e.g. in a replaced file, is refused too)
+_REF = struct.Struct("<BQII")
+_REF_TAG = 1
+
+
+class StoreCorrupt(PolarError, RuntimeError):
+    """A record's payload is missing from the payload file or damaged (torn by a crash or a power loss before it
+    reached the disk, the file truncated, replaced or not copied with the database)."""
+
+
+class PayloadFile:
+    """The store's payload file: frames appended at its end by whoever holds SQLite's write lock, read by reference.
+
+    One descriptor per store object, opened on first use (read-only where the store is only read: a store whose
+    records are all inline has no payload file)."""
+
+    def __init__(self, path: Path, *, writable: bool):
+        self.path = path
+        self._writable = writable
+        self._fd: int | None = None
+
+    def _open(self) -> int | None:
+        if self._fd is None:
+            flags = (os.O_RDWR | os.O_CREAT) if self._writable else os.O_RDONLY
+            try:
+                self._fd = os.open(self.path, flags | getattr(os, "O_CLOEXEC", 0), 0o644)
+            except FileNotFoundError:
+                if self._writable:
+                    raise
+                return None
+        return self._fd
+
+    def append(self, payloads: list[bytes]) -> list[bytes]:
+        """Write `payloads` as frames at the file's end, in one write; return their row references. The caller holds
+        SQLite's write lock (`BEGIN IMMEDIATE`), so no other writer, in this process or another, takes the same end;
+        bytes of a writer that failed or died before its commit stay as garbage no row points to."""
+        fd = self._open()
+        assert fd is not None
+        offset = os.fstat(fd).st_size
+        parts: list[bytes] = []
+        refs: list[bytes] = []
+        at = offset
+        for data in payloads:
+            crc = zlib.crc32(data)
+            parts.append(_FRAME.pack(_MAGIC, len(data), crc))
+            parts.append(data)
+            refs.append(_REF.pack(_REF_TAG, at, len(data), crc))
+            at += _FRAME.size + len(data)
+        buf = memoryview(b"".join(parts))
+        while buf:
+            n = os.pwrite(fd, buf, offset)
+            buf, offset = buf[n:], offset + n
+        return refs
+
+    def sync(self) -> None:
+        """Flush the file to the disk (every process's frames: the page cache is shared)."""
+        fd = self._open()
+        if fd is not None:
+            os.fdatasync(fd) if hasattr(os, "fdatasync") else os.fsync(fd)
+
+    def resolve(self, record_id: str, data: bytes) -> bytes:
+        """The record's JSON: `data` itself when inline (every row of a store written before the payload file), else
+        the frame `data` points to, checked; `StoreCorrupt` naming the record when it is missing or damaged."""
+        if data[:1] == b"{":
+            return bytes(data)
+        if len(data) != _REF.size or data[0] != _REF_TAG:
+            raise StoreCorrupt(f"record {record_id!r}: its row holds neither a record nor a payload reference")
+        _, offset, length, crc = _REF.unpack(data)
+        where = f"record {record_id!r}: its payload ({length} bytes at offset {offset} of {self.path})"
+        fd = self._open()
+        if fd is None:
+            raise StoreCorrupt(f"{where} is missing: there is no payload file")
+        head = os.pread(fd, _FRAME.size, offset)
+        if len(head) < _FRAME.size or _FRAME.unpack(head) != (_MAGIC, length, crc):
+            raise StoreCorrupt(f"{where} is missing or damaged: no matching frame header there")
+        payload = os.pread(fd, length, offset + _FRAME.size)
+        if len(payload) != length:
+            raise StoreCorrupt(f"{where} is cut short: the file ends {length - len(payload)} bytes early")
+        if zlib.crc32(payload) != crc:
+            raise StoreCorrupt(f"{where} is damaged: its checksum does not match")
+        return payload
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
