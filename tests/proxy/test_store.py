@@ -13,6 +13,23 @@ from nemo_polar.proxy.store import PAGE_SIZE, RecordStore, record_bytes
 from nemo_polar.types import CompletionRecord
 
 
+def old_store_db(directory, page_size: int | None = None) -> sqlite3.Connection:
+    """An empty store database as earlier versions created it (`page_size`: theirs; None: SQLite's default), with
+    the schema they used; the open connection is returned for the caller to fill and close."""
+    db = sqlite3.connect(directory / "records.sqlite", isolation_level=None)
+    if page_size is not None:
+        db.execute(f"PRAGMA page_size={page_size}")
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript(
+        "CREATE TABLE records (id TEXT PRIMARY KEY, session_id TEXT NOT NULL, seq INTEGER NOT NULL,"
+        " state TEXT NOT NULL, failed INTEGER NOT NULL, data BLOB NOT NULL);"
+        "CREATE INDEX records_by_session ON records (session_id, seq);"
+        "CREATE TABLE sessions (session_id TEXT PRIMARY KEY, api_key TEXT NOT NULL UNIQUE,"
+        " created_at REAL NOT NULL, data BLOB NOT NULL);"
+    )
+    return db
+
+
 def _rec(i: int, session: str = "s1", **kw) -> CompletionRecord:
     return CompletionRecord(
         id=f"r{i}",
@@ -143,17 +160,7 @@ def test_a_streams_final_record_updates_its_placeholder_in_place(tmp_path):
 def test_a_store_created_with_other_pages_keeps_them_and_reads_back(tmp_path, page_size):
     """A store made before the current page size (SQLite's 4 KiB default, then 8 KiB) opens as it is: its records
     and a killed run's placeholder read back, and new writes (placeholder, then final) go into the same file."""
-    db = sqlite3.connect(tmp_path / "records.sqlite", isolation_level=None)
-    db.execute(f"PRAGMA page_size={page_size}")
-    db.execute("PRAGMA journal_mode=WAL")
-    # the schema those stores were created with
-    db.executescript(
-        "CREATE TABLE records (id TEXT PRIMARY KEY, session_id TEXT NOT NULL, seq INTEGER NOT NULL,"
-        " state TEXT NOT NULL, failed INTEGER NOT NULL, data BLOB NOT NULL);"
-        "CREATE INDEX records_by_session ON records (session_id, seq);"
-        "CREATE TABLE sessions (session_id TEXT PRIMARY KEY, api_key TEXT NOT NULL UNIQUE,"
-        " created_at REAL NOT NULL, data BLOB NOT NULL);"
-    )
+    db = old_store_db(tmp_path, page_size)
     placeholder = CompletionRecord(id="p0", session_id="s1", seq=0, dialect="openai_chat", original_request={"a": 1})
     db.execute(
         "INSERT INTO records VALUES (?, ?, ?, ?, ?, ?)",

@@ -24,6 +24,7 @@ from nemo_polar.proxy.store import (
     record_bytes,
 )
 from nemo_polar.types import CompletionRecord
+from tests.proxy.test_store import old_store_db
 
 _FRAME_HEADER = 12  # magic, length, crc32
 
@@ -97,15 +98,7 @@ def test_a_store_written_before_the_payload_file_still_reads_and_grows(tmp_path)
     """Rows with their JSON inline, however large, and no payload file: read as they are, by the store and by
     `read_records`; new commits then go to the payload file beside them."""
     old = [_rec(0), _rec(1, tokens=10)]
-    db = sqlite3.connect(tmp_path / DB_NAME, isolation_level=None)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.executescript(
-        "CREATE TABLE records (id TEXT PRIMARY KEY, session_id TEXT NOT NULL, seq INTEGER NOT NULL,"
-        " state TEXT NOT NULL, failed INTEGER NOT NULL, data BLOB NOT NULL);"
-        "CREATE INDEX records_by_session ON records (session_id, seq);"
-        "CREATE TABLE sessions (session_id TEXT PRIMARY KEY, api_key TEXT NOT NULL UNIQUE,"
-        " created_at REAL NOT NULL, data BLOB NOT NULL);"
-    )
+    db = old_store_db(tmp_path)
     for r in old:
         db.execute("INSERT INTO records VALUES (?, ?, ?, 'done', 0, ?)", (r.id, r.session_id, r.seq, record_bytes(r)))
     db.close()
