@@ -113,8 +113,11 @@ try:  # a list in one pass in C (nemo_polar/_arrays.c, no Python dependencies); 
     from nemo_polar import _arrays
 
     _FAST_ENCODE = {"i32": _arrays.encode_i32, "f64": _arrays.encode_f64}
+    _encode_packed: Callable[[bytes], str] = _arrays.encode_i32_packed
 except ImportError:
-    pass
+
+    def _encode_packed(packed: bytes) -> str:
+        return _I32 + base64.b64encode(packed).decode("ascii")
 
 
 def encode_array(values: Iterable[int] | Iterable[float], kind: str) -> str:
@@ -123,7 +126,7 @@ def encode_array(values: Iterable[int] | Iterable[float], kind: str) -> str:
     A list of plain ints (in int32 range) or floats goes through `_arrays`, which writes the same string; anything
     else (numpy arrays, other iterables, bools, out-of-range ids: it returns None) through numpy."""
     if kind == "i32" and type(values) is TokenIds:  # packed already
-        return _I32 + base64.b64encode(values.packed).decode("ascii")
+        return _encode_packed(values.packed)
     fast = _FAST_ENCODE.get(kind)
     if fast is not None and (out := fast(values)) is not None:
         return out
