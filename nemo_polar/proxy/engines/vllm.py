@@ -212,14 +212,12 @@ class VLLMEngine(OpenAIServerEngine):
         return scores
 
 
-_answer_logprobs: Callable[[bytes, bool], tuple[bytes, int, bytes | None] | None] | None
-try:  # the cut in C (_sse_scan.c); without it every answer takes the full parse, which gives the same result
-    from nemo_polar.proxy.engines._sse_scan import answer_logprobs as _answer_logprobs
-
-    ANSWER_READER = "c"  # how `read_chat` reads long answers (benchmarks print it)
-except ImportError:  # a build without a compiler
-    _answer_logprobs = None
-    ANSWER_READER = "orjson"
+# the cut in C (_sse_scan.c, imported once, by vllm_stream); without it every answer takes the full parse, which
+# gives the same result
+_answer_logprobs: Callable[[bytes, bool], tuple[bytes, int, bytes | None] | None] | None = vllm_stream._answer_logprobs
+ANSWER_READER = (
+    "orjson" if _answer_logprobs is None else "c"
+)  # how `read_chat` reads long answers (benchmarks print it)
 
 
 def fast_answer(raw: bytes) -> tuple[dict[str, Any], list[float] | None, TokenIds | None] | None:
