@@ -236,3 +236,32 @@ def test_a_committed_record_survives_sigkill_of_its_process(tmp_path):
     placeholder = store.get_record("k-r6")
     assert placeholder.error["type"] == "interrupted" and placeholder.prompt_token_ids == _rec(6, "k").prompt_token_ids
     store.close()
+
+
+def test_a_batch_is_written_in_bounded_vectored_writes_and_survives_short_writes(tmp_path, monkeypatch):
+    """Frames go out back to back in writes of at most `_WRITE_MAX` bytes (one larger frame alone), never as one
+    joined buffer; a write the kernel cuts short is resumed where it stopped."""
+    from nemo_polar.proxy import payloads
+
+    parts = [bytes([i % 251]) * size for i, size in enumerate([12, 700_000, 12, 600_000, 12, 2_500_000, 12, 5, 12, 9])]
+    calls: list[int] = []
+    real = os.pwritev
+
+    def pwritev(fd: int, buffers: list[bytes], offset: int) -> int:
+        size = sum(map(len, buffers))
+        calls.append(size)
+        if len(calls) == 2:  # the kernel writes only part of the second group
+            return real(fd, [b"".join(buffers)[: size // 3]], offset)
+        return real(fd, buffers, offset)
+
+    monkeypatch.setattr(payloads.os, "pwritev", pwritev)
+    path = tmp_path / "frames"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT)
+    try:
+        os.write(fd, b"head")
+        payloads._write_at(fd, parts, 4)
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b"head" + b"".join(parts)
+    # 12 + 700,000 + 12; the next frame would pass 1 MiB: 600,000 + 12; the 2.5 MB frame alone; the small rest
+    assert calls == [700_024, 600_012, 2_500_000, 38]
