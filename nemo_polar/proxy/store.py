@@ -21,7 +21,7 @@ not the database alone.
 
 Writers. Several processes may write one store (a rollout server and its gateways, tools). A batch with payloads
 begins with `BEGIN IMMEDIATE`, takes SQLite's write lock, and only then reads the file's end and writes its frames
-there (one `pwrite`), so two writers never take the same offset; the rows that reference the frames commit in the
+there (vectored writes of at most 1 MiB), so two writers never take the same offset; the rows that reference the frames commit in the
 same transaction. Durability is unchanged: without `fsync` the frames are in the OS before the commit is, so a
 killed process loses nothing it committed; with `fsync` the frames are fsynced before the commit that references
 them. Only the checkpointer thread checkpoints (`wal_autocheckpoint=0`), and it syncs the payload file first, for
