@@ -85,9 +85,9 @@ class PayloadFile:
         return self._fd
 
     def append(self, payloads: list[bytes]) -> list[bytes]:
-        """Write `payloads` as frames at the file's end, back to back (`_write_at`); return their row references. The caller holds
-        SQLite's write lock (`BEGIN IMMEDIATE`), so no other writer, in this process or another, takes the same end;
-        bytes of a writer that failed or died before its commit stay as garbage no row points to."""
+        """Write `payloads` as frames at the file's end, back to back (`_write_at`); return their row references. The
+        caller holds SQLite's write lock (`BEGIN IMMEDIATE`), so no other writer, in this process or another, takes
+        the same end; bytes of a writer that failed or died before its commit stay as garbage no row points to."""
         fd = self._open()
         assert fd is not None
         offset = os.fstat(fd).st_size

@@ -8,25 +8,26 @@ fsync, not 64. Token arrays are stored compactly (`CompletionRecord.to_json(comp
 
 Layout. `records.sqlite` holds one small row per record (id, session, seq, state) and the sessions;
 `records.sqlite-payloads` beside it holds each record's JSON of more than `INLINE_MAX` bytes (17-118 KB on the
-long-stream mix) as a frame (`proxy/payloads.py`): magic, length, crc32, then the bytes. The row's `data` is then a 17-byte reference (a
-tag byte JSON never starts with, the frame's offset, length and crc32); a smaller record's JSON stays in `data`, as
-every record of a store written before the payload file does, and both read the same. Out of SQLite a large record
-is written once (not into overflow pages, then the WAL, then again by the checkpoint): on the mix the proxy uses
-≈ 6 % (c=1) and ≈ 11 % (c=64) less CPU per request (docs/performance.md). `INLINE_MAX` is a page: JSON of 1.6-6 KB
-costs within ±10 % either way committed alone and 25-30 % less in the file in batches of 16, 12 KB already 25 % less
-alone. Every read checks the frame against the reference; a torn, truncated or missing payload is `StoreCorrupt`
-naming the record, never other bytes. The file only grows: a placeholder's frame, and the bytes of a batch whose
-commit failed or whose process died before committing, are garbage no row points to. Copy or archive the directory,
-not the database alone.
+long-stream mix) as a frame (`proxy/payloads.py`): magic, length, crc32, then the bytes. The row's `data` is then a
+17-byte reference (a tag byte JSON never starts with, the frame's offset, length and crc32); a smaller record's JSON
+stays in `data`, as every record of a store written before the payload file does, and both read the same. Out of
+SQLite a large record is written once (not into overflow pages, then the WAL, then again by the checkpoint): on the
+mix the proxy uses ≈ 6 % (c=1) and ≈ 11 % (c=64) less CPU per request (docs/performance.md). `INLINE_MAX` is a page:
+JSON of 1.6-6 KB costs within ±10 % either way committed alone and 25-30 % less in the file in batches of 16, 12 KB
+already 25 % less alone. Every read checks the frame against the reference; a torn, truncated or missing payload is
+`StoreCorrupt` naming the record, never other bytes. The file only grows: a placeholder's frame, and the bytes of a
+batch whose commit failed or whose process died before committing, are garbage no row points to. Copy or archive the
+directory, not the database alone.
 
 Writers. Several processes may write one store (a rollout server and its gateways, tools). A batch with payloads
 begins with `BEGIN IMMEDIATE`, takes SQLite's write lock, and only then reads the file's end and writes its frames
-there (vectored writes of at most 1 MiB), so two writers never take the same offset; the rows that reference the frames commit in the
-same transaction. Durability is unchanged: without `fsync` the frames are in the OS before the commit is, so a
-killed process loses nothing it committed; with `fsync` the frames are fsynced before the commit that references
-them. Only the checkpointer thread checkpoints (`wal_autocheckpoint=0`), and it syncs the payload file first, for
-the commits that a read transaction pins (the checkpoint cannot pass them), so no row reaches the database file
-before its payload is on disk; `open` and `close` sync it before SQLite's checkpoint on closing the last connection.
+there (vectored writes of at most 1 MiB), so two writers never take the same offset; the rows that reference the
+frames commit in the same transaction. Durability is unchanged: without `fsync` the frames are in the OS before the
+commit is, so a killed process loses nothing it committed; with `fsync` the frames are fsynced before the commit
+that references them. Only the checkpointer thread checkpoints (`wal_autocheckpoint=0`), and it syncs the payload
+file first, for the commits that a read transaction pins (the checkpoint cannot pass them), so no row reaches the
+database file before its payload is on disk; `open` and `close` sync it before SQLite's checkpoint on closing the
+last connection.
 
 A record may first be written as *pending* (`put_pending`) when a call is admitted; `commit` replaces it with the
 final record, updating the placeholder's row in place (its index entries are not deleted and re-inserted). The
