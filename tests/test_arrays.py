@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import math
 import random
+import re
 import struct
+import zlib
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -165,3 +168,65 @@ def test_a_bool_or_an_id_past_int32_is_an_engine_failure_on_both_paths(monkeypat
         for bad in [True, 2**31]:
             with pytest.raises(base.UpstreamError, match="prompt token ids that are not non-negative integers"):
                 base.check_token_data([1, bad], [1], [-0.5], None)
+
+
+# -- crc32 ----------------------------------------------------------------------------------------------------------
+
+CRC_P = 0x104C11DB7  # zlib's polynomial, x^32 + x^26 + ... + 1
+
+
+def _x_pow_mod_p(k: int) -> int:
+    r = 1
+    for _ in range(k):
+        r <<= 1
+        if r >> 32:
+            r ^= CRC_P
+    return r
+
+
+def _reflect(v: int, bits: int) -> int:
+    return int(format(v, f"0{bits}b")[::-1], 2)
+
+
+def test_crc32_fold_constants_are_derived_from_the_polynomial() -> None:
+    """The folding constants in _arrays.c are x^k mod P (reflected, shifted left by one) for the distances the
+    comment names, and the Barrett pair is P and floor(x^64 / P), reflected: a wrong one is a wrong checksum only
+    for some lengths, so they are checked at their source too."""
+    src = (Path(types.__file__).parent / "_arrays.c").read_text()
+    found = [int(h, 16) for h in re.findall(r"0x(0[0-9a-f]{9})LL", src)]
+    k = {d: _reflect(_x_pow_mod_p(d), 32) << 1 for d in (4 * 128 + 32, 4 * 128 - 32, 128 + 32, 128 - 32, 64)}
+    q, a = 0, 1 << 64  # floor(x^64 / P) by long division over GF(2)
+    while a.bit_length() >= CRC_P.bit_length():
+        shift = a.bit_length() - CRC_P.bit_length()
+        q |= 1 << shift
+        a ^= CRC_P << shift
+    want = [k[480], k[544], k[96], k[160], k[64], _reflect(q, 33), _reflect(CRC_P, 33)]
+    assert found == want
+
+
+@needs_c
+def test_crc32_is_zlibs_for_every_length_alignment_and_start_value() -> None:
+    rng = random.Random(7)
+    data = bytes(rng.getrandbits(8) for _ in range(70_000))
+    lengths = [*range(0, 260), 1023, 1024, 1025, 4095, 4096, 65_535, 65_536, 69_990]
+    for n in lengths:
+        for off in (0, 1, 7):
+            piece = data[off : off + n]
+            start = rng.getrandbits(32)
+            assert _arrays.crc32(piece) == zlib.crc32(piece), (n, off)
+            assert _arrays.crc32(piece, start) == zlib.crc32(piece, start), (n, off, start)
+    # any buffer, a value carried over from a first part, and the patterns a torn write leaves
+    assert _arrays.crc32(memoryview(data)[5:9005]) == zlib.crc32(data[5:9005])
+    assert _arrays.crc32(bytearray(data[:300])) == zlib.crc32(data[:300])
+    assert _arrays.crc32(data[3000:], _arrays.crc32(data[:3000])) == zlib.crc32(data)
+    for blank in (bytes(8192), b"\xff" * 8192, data[:4096] + bytes(4096)):
+        assert _arrays.crc32(blank) == zlib.crc32(blank)
+    with pytest.raises(TypeError):
+        _arrays.crc32("text")  # type: ignore[arg-type]
+
+
+@needs_c
+def test_the_payload_file_checks_with_the_fast_crc32_where_the_cpu_folds() -> None:
+    from nemo_polar.proxy import payloads
+
+    assert payloads._crc32 is (_arrays.crc32 if _arrays.CRC32_SIMD else zlib.crc32)

@@ -14,9 +14,17 @@ from __future__ import annotations
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from pathlib import Path
 
 from nemo_polar.errors import PolarError
+
+try:  # zlib.crc32's value, ~4x faster on a large payload, where the CPU can fold it (nemo_polar/_arrays.c)
+    from nemo_polar._arrays import CRC32_SIMD
+    from nemo_polar._arrays import crc32 as _crc32_fold
+except ImportError:  # built without a compiler: zlib's
+    CRC32_SIMD = False
+_crc32: Callable[[bytes], int] = _crc32_fold if CRC32_SIMD else zlib.crc32
 
 __all__ = ["PayloadFile", "StoreCorrupt"]
 
@@ -95,7 +103,7 @@ class PayloadFile:
         refs: list[bytes] = []
         at = offset
         for data in payloads:
-            crc = zlib.crc32(data)
+            crc = _crc32(data)
             parts.append(_FRAME.pack(_MAGIC, len(data), crc))
             parts.append(data)
             refs.append(_REF.pack(_REF_TAG, at, len(data), crc))
@@ -127,7 +135,7 @@ class PayloadFile:
         payload = os.pread(fd, length, offset + _FRAME.size)
         if len(payload) != length:
             raise StoreCorrupt(f"{where} is cut short: the file ends {length - len(payload)} bytes early")
-        if zlib.crc32(payload) != crc:
+        if _crc32(payload) != crc:
             raise StoreCorrupt(f"{where} is damaged: its checksum does not match")
         return payload
 
