@@ -154,7 +154,10 @@ _FLOORS = (
 
 
 def _passthrough_main(port: int, upstream: str, floor: str | None = None) -> None:
-    """The minimal aiohttp pass-through (the floor): forward the body, return the upstream bytes.
+    """The minimal aiohttp pass-through (the floor): forward the body, return the upstream bytes; an event stream
+    (the upstream's `Content-Type`) a read at a time as it arrives, as a proxy in front of a harness must (until
+    2026-12-02 it read a stream whole and answered it as one JSON body; the CPU per request was the same within
+    the noise: docs/performance.md).
 
     With `floor="tokens"` (`passthrough+tokens`): the body is parsed and given the token fields our proxy's vLLM
     engine adds (taken from `VLLMEngine.token_fields`, not copied, so the two ask the engine for the same token
@@ -180,13 +183,21 @@ def _passthrough_main(port: int, upstream: str, floor: str | None = None) -> Non
         yield
         await app["http"].close()
 
-    async def handler(request: web.Request) -> web.Response:
+    async def handler(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         async with request.app["http"].post(
             upstream + request.path, data=body, headers={"Content-Type": "application/json"}
         ) as r:
-            data = await r.read()
-            return web.Response(status=r.status, body=data, content_type="application/json")
+            kind = r.headers.get("Content-Type", "application/json")
+            if not kind.startswith("text/event-stream"):
+                data = await r.read()
+                return web.Response(status=r.status, body=data, headers={"Content-Type": kind})
+            out = web.StreamResponse(status=r.status, headers={"Content-Type": kind})
+            await out.prepare(request)
+            async for data in r.content.iter_any():
+                await out.write(data)
+            await out.write_eof()
+            return out
 
     async def with_tokens(request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())

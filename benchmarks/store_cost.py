@@ -20,6 +20,8 @@ Columns, measured in the same run:
   floor     plain SQLite, the store's page size and connection settings: one `INSERT` of the same bytes per write
             into a one-B-tree table, one transaction per batch, no checkpoint (the WAL grows): what any durable
             SQLite record with its JSON in the row costs (the store writes large ones to its payload file instead)
+  zlib crc  the store with zlib.crc32 as the payload frames' checksum instead of `_arrays.crc32` (the same value,
+            folded with carry-less multiplication where the CPU has it): the checksum's share, in the same run
   bytes     `record_bytes` alone (serialising the record, and its placeholder for a stream; part of `loop`)
 
     .venv/bin/python benchmarks/store_cost.py [--quick] [--repeat N] [--dir DIR]
@@ -36,6 +38,7 @@ import sqlite3
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -43,12 +46,18 @@ import _path  # noqa: F401  (the repository root)
 from _tables import note, table
 from peers import mix_bodies
 
+from nemo_polar.proxy import payloads as payload_file
 from nemo_polar.proxy.dialects import openai_chat
 from nemo_polar.proxy.normalized import RouteMatch
 from nemo_polar.proxy.store import DB_NAME, PAGE_SIZE, RecordStore, record_bytes
 from nemo_polar.types import CompletionRecord
 
-KINDS = {"1k prompt, 64 answer": (1000, 64), "8k prompt, 512 answer": (8000, 512)}
+# the mix's two prompt sizes, and the top of a harness session's range (prompts grow to ~30k tokens)
+KINDS = {
+    "1k prompt, 64 answer": (1000, 64),
+    "8k prompt, 512 answer": (8000, 512),
+    "30k prompt, 512 answer": (30000, 512),
+}
 BATCHES = (1, 16, 64)
 
 # a store as created with 8 KiB pages (the schema is unchanged)
@@ -167,6 +176,15 @@ def store_case(
     return (cpu_s() - c0) / len(recs), loop_s / len(recs)
 
 
+def zlib_crc_case(directory: Path, recs: list[CompletionRecord], batch: int, stream: bool) -> tuple[float, float]:
+    """`store_case` with zlib.crc32 as the payload frames' checksum (the value is the same)."""
+    fast, payload_file._crc32 = payload_file._crc32, zlib.crc32
+    try:
+        return store_case(directory, recs, batch, stream)
+    finally:
+        payload_file._crc32 = fast
+
+
 def floor_case(directory: Path, payloads: list[tuple[bytes, ...]], batch: int) -> float:
     """Whole-process CPU seconds per write of plain SQLite inserts of the same bytes (`payloads`: one tuple of blobs
     per record, written in order)."""
@@ -197,7 +215,8 @@ def main() -> None:
     rows: list[list[Any]] = []
     try:
         for kind, (prompt_tokens, answer_tokens) in KINDS.items():
-            n = (128 if args.quick else 512) * (4 if prompt_tokens < 4000 else 1)
+            n = (128 if args.quick else 512) * (4 if prompt_tokens < 4000 else 1 if prompt_tokens < 16000 else 0.25)
+            n = int(n)
             recs = make_records(prompt_tokens, answer_tokens, n)
             finals = [record_bytes(r) for r in recs]
             pendings = [record_bytes(admitted(r), pending=True) for r in recs]
@@ -215,7 +234,13 @@ def main() -> None:
                     [(p, f) for p, f in zip(pendings, finals, strict=True)] if stream else [(f,) for f in finals]
                 )
                 for batch in BATCHES:
-                    runs: dict[str, list[tuple[float, float]]] = {"store": [], "old": [], "replace": [], "floor": []}
+                    runs: dict[str, list[tuple[float, float]]] = {
+                        "store": [],
+                        "old": [],
+                        "replace": [],
+                        "zlib": [],
+                        "floor": [],
+                    }
                     for rep in range(args.repeat):  # interleaved; the least CPU of each (the least disturbed)
                         case = root / f"{prompt_tokens}-{stream}-{batch}-{rep}"
                         runs["store"].append(store_case(case / "store", recs, batch, stream))
@@ -225,10 +250,12 @@ def main() -> None:
                         runs["old"].append(store_case(old, recs, batch, stream))
                         if stream:
                             runs["replace"].append(store_case(case / "replace", recs, batch, stream, ReplacingStore))
+                        runs["zlib"].append(zlib_crc_case(case / "zlib", recs, batch, stream))
                         runs["floor"].append((floor_case(case / "floor", payloads, batch), 0.0))
                         shutil.rmtree(case)
                     total, loop = min(runs["store"])
                     old_total, floor = min(runs["old"])[0], min(runs["floor"])[0]
+                    zlib_total = min(runs["zlib"])[0]
                     replace = (
                         f"{min(runs['replace'])[0] * 1e6:.0f} ({min(runs['replace'])[0] / total:.2f}x)"
                         if stream
@@ -245,6 +272,7 @@ def main() -> None:
                             f"{(total - loop) * 1e6:.0f}",
                             f"{old_total * 1e6:.0f} ({old_total / total:.2f}x)",
                             replace,
+                            f"{zlib_total * 1e6:.0f} ({zlib_total / total:.2f}x)",
                             f"{floor * 1e6:.0f} ({total / floor:.2f}x)",
                             f"{(final_bytes_s + (pending_bytes_s if stream else 0)) * 1e6:.0f}",
                         ]
@@ -264,6 +292,7 @@ def main() -> None:
             "ckpt",
             "old db (old/store)",
             "replace (replace/store)",
+            "zlib crc (zlib/store)",
             "floor (store/floor)",
             "bytes",
         ],
@@ -271,8 +300,9 @@ def main() -> None:
     )
     note(
         "loop: the event-loop thread while committing (serialising, SQL); ckpt: the rest (the checkpointer thread, "
-        "opening and closing the store with its last checkpoint); floor: plain INSERTs of the same bytes, no "
-        "checkpoint; bytes: record_bytes (pending+final: both)."
+        "opening and closing the store with its last checkpoint); zlib crc: the store checksumming its payload frames "
+        "with zlib.crc32; floor: plain INSERTs of the same bytes, no checkpoint; bytes: record_bytes (pending+final: "
+        "both)."
     )
 
 

@@ -108,6 +108,15 @@ class _Conn(asyncio.Protocol):
             self.transport.abort()
 
 
+def _head(buf: bytearray, n: int) -> bytes:
+    """The first `n` bytes of `buf` as bytes, copied once (`bytes(buf[:n])` copies them twice: into a new bytearray,
+    then into the bytes). The view is released before the caller deletes them from `buf`."""
+    if n == len(buf):
+        return bytes(buf)
+    with memoryview(buf) as view:
+        return view[:n].tobytes()
+
+
 class UpstreamResponse:
     """An HTTP response whose head has been read; read the body with `read()` or `chunks()`, then `close()`."""
 
@@ -213,7 +222,7 @@ class UpstreamResponse:
             n = min(self._left, len(buf))
             if not n:
                 return b""
-            piece = bytes(buf[:n]) if n < len(buf) else bytes(buf)
+            piece = _head(buf, n)
             del buf[:n]
             self._left -= n
             self._done = self._left == 0
@@ -248,7 +257,7 @@ class UpstreamResponse:
                 n = min(self._chunk_left, len(buf))
                 if not n:
                     break
-                out.append(bytes(buf[:n]) if n < len(buf) else bytes(buf))
+                out.append(_head(buf, n))
                 del buf[:n]
                 self._chunk_left -= n
                 if not self._chunk_left:
