@@ -7,7 +7,7 @@ Paths to the same upstream:
                (`return_token_ids`, `logprobs`, `top_logprobs: 0`, usage in streams): the same work upstream, so
                polar's latency over this row is the proxy's own
   polar        client → our proxy (token capture on, a durable record per call) → upstream
-  passthrough  client → the minimal aiohttp pass-through of `proxy_overhead.py` (the floor; it passes a stream on as it arrives)
+  passthrough  client → the minimal aiohttp pass-through of `proxy_overhead.py` (the floor; streams as they arrive)
   litellm      client → LiteLLM's proxy (`litellm[proxy]`, pinned, its own venv under the cache; one worker;
                `LITELLM_LOCAL_MODEL_COST_MAP=True`), the upstream registered as `hosted_vllm/<model>` and a
                pre-call hook adding `return_token_ids: true`, which is how Agent Lightning's LLMProxy asks for ids
