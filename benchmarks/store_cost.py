@@ -22,6 +22,9 @@ Columns, measured in the same run:
             SQLite record with its JSON in the row costs (the store writes large ones to its payload file instead)
   zlib crc  the store with zlib.crc32 as the payload frames' checksum instead of `_arrays.crc32` (the same value,
             folded with carry-less multiplication where the CPU has it): the checksum's share, in the same run
+  kept mem  the store in a forked process that first calls `keep_freed_memory` (`proxy/malloc.py`, as `polar proxy`
+            and `polar serve` do), against the store in a forked process with glibc's defaults (`forked`), in the
+            same run: what page-faulting on freed-and-reallocated buffers costs
   bytes     `record_bytes` alone (serialising the record, and its placeholder for a stream; part of `loop`)
 
     .venv/bin/python benchmarks/store_cost.py [--quick] [--repeat N] [--dir DIR]
@@ -31,6 +34,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import random
 import resource
 import shutil
@@ -48,6 +53,7 @@ from peers import mix_bodies
 
 from nemo_polar.proxy import payloads as payload_file
 from nemo_polar.proxy.dialects import openai_chat
+from nemo_polar.proxy.malloc import keep_freed_memory
 from nemo_polar.proxy.normalized import RouteMatch
 from nemo_polar.proxy.store import DB_NAME, PAGE_SIZE, RecordStore, record_bytes
 from nemo_polar.types import CompletionRecord
@@ -185,6 +191,38 @@ def zlib_crc_case(directory: Path, recs: list[CompletionRecord], batch: int, str
         payload_file._crc32 = fast
 
 
+def forked_case(
+    directory: Path, recs: list[CompletionRecord], batch: int, stream: bool, *, keep_memory: bool
+) -> tuple[float, float]:
+    """`store_case` in a forked child (the allocator setting is process-wide and cannot be undone), with
+    `keep_freed_memory` first when `keep_memory`. Before it is measured the child serialises every record once (the
+    copy-on-write faults of touching the parent's records) and commits two batches to a scratch store (the heap at
+    its working size, as in a running proxy), in both variants."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: measure, report on the pipe, leave without running the parent's cleanup
+        status = 1
+        try:
+            os.close(read_end)
+            if keep_memory and not keep_freed_memory():
+                raise RuntimeError("keep_freed_memory() changed nothing here (not glibc?)")
+            for r in recs:
+                record_bytes(r)
+            store_case(directory / "warm", recs[: 2 * batch], batch, stream)  # the heap at its working size
+            os.write(write_end, json.dumps(store_case(directory / "measured", recs, batch, stream)).encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as f:
+        out = f.read()
+    _, status = os.waitpid(pid, 0)
+    if status != 0 or not out:
+        raise RuntimeError(f"the forked store case failed (wait status {status})")
+    total, loop = json.loads(out)
+    return total, loop
+
+
 def floor_case(directory: Path, payloads: list[tuple[bytes, ...]], batch: int) -> float:
     """Whole-process CPU seconds per write of plain SQLite inserts of the same bytes (`payloads`: one tuple of blobs
     per record, written in order)."""
@@ -239,6 +277,8 @@ def main() -> None:
                         "old": [],
                         "replace": [],
                         "zlib": [],
+                        "forked": [],
+                        "kept": [],
                         "floor": [],
                     }
                     for rep in range(args.repeat):  # interleaved; the least CPU of each (the least disturbed)
@@ -251,11 +291,14 @@ def main() -> None:
                         if stream:
                             runs["replace"].append(store_case(case / "replace", recs, batch, stream, ReplacingStore))
                         runs["zlib"].append(zlib_crc_case(case / "zlib", recs, batch, stream))
+                        runs["forked"].append(forked_case(case / "forked", recs, batch, stream, keep_memory=False))
+                        runs["kept"].append(forked_case(case / "kept", recs, batch, stream, keep_memory=True))
                         runs["floor"].append((floor_case(case / "floor", payloads, batch), 0.0))
                         shutil.rmtree(case)
                     total, loop = min(runs["store"])
                     old_total, floor = min(runs["old"])[0], min(runs["floor"])[0]
                     zlib_total = min(runs["zlib"])[0]
+                    forked, kept = min(runs["forked"])[0], min(runs["kept"])[0]
                     replace = (
                         f"{min(runs['replace'])[0] * 1e6:.0f} ({min(runs['replace'])[0] / total:.2f}x)"
                         if stream
@@ -273,6 +316,7 @@ def main() -> None:
                             f"{old_total * 1e6:.0f} ({old_total / total:.2f}x)",
                             replace,
                             f"{zlib_total * 1e6:.0f} ({zlib_total / total:.2f}x)",
+                            f"{kept * 1e6:.0f} / {forked * 1e6:.0f} ({kept / forked:.2f}x)",
                             f"{floor * 1e6:.0f} ({total / floor:.2f}x)",
                             f"{(final_bytes_s + (pending_bytes_s if stream else 0)) * 1e6:.0f}",
                         ]
@@ -293,6 +337,7 @@ def main() -> None:
             "old db (old/store)",
             "replace (replace/store)",
             "zlib crc (zlib/store)",
+            "kept mem / forked (kept/forked)",
             "floor (store/floor)",
             "bytes",
         ],
@@ -301,7 +346,8 @@ def main() -> None:
     note(
         "loop: the event-loop thread while committing (serialising, SQL); ckpt: the rest (the checkpointer thread, "
         "opening and closing the store with its last checkpoint); zlib crc: the store checksumming its payload frames "
-        "with zlib.crc32; floor: plain INSERTs of the same bytes, no checkpoint; bytes: record_bytes (pending+final: "
+        "with zlib.crc32; kept mem / forked: the store in a forked process with and without keep_freed_memory(); "
+        "floor: plain INSERTs of the same bytes, no checkpoint; bytes: record_bytes (pending+final: "
         "both)."
     )
 

@@ -31,6 +31,7 @@ from nemo_polar.proxy.admin import AdminAPI, Admission
 from nemo_polar.proxy.config import ProxyConfig
 from nemo_polar.proxy.engines.base import Engine, EngineCall, Generation, UpstreamError, Upstreams
 from nemo_polar.proxy.generation import CallContext, Generator, plan_kind
+from nemo_polar.proxy.malloc import keep_freed_memory
 from nemo_polar.proxy.normalized import ChatRequest, ProviderError, RouteMatch
 from nemo_polar.proxy.sessions import Session, SessionManager
 from nemo_polar.proxy.store import RecordStore, StoreWriteError
@@ -394,6 +395,7 @@ def run(config: ProxyConfig, *, host: str = "127.0.0.1", port: int = 8080) -> No
     )
     if not config.control_token and not os.environ.get("POLAR_CONTROL_TOKEN"):
         print(f"control token: {proxy.control_token}", flush=True)
+    keep_freed_memory()
     app = proxy.make_app()
     app.on_startup.append(_settle_gc)
     web.run_app(app, host=host, port=port, access_log=None, print=None, handle_signals=True)
