@@ -22,8 +22,8 @@ Columns, measured in the same run:
             SQLite record with its JSON in the row costs (the store writes large ones to its payload file instead)
   zlib crc  the store with zlib.crc32 as the payload frames' checksum instead of `_arrays.crc32` (the same value,
             folded with carry-less multiplication where the CPU has it): the checksum's share, in the same run
-  kept mem  the store in a forked process that first calls `keep_freed_memory` (`proxy/malloc.py`, as `polar proxy`
-            and `polar serve` do), against the store in a forked process with glibc's defaults (`forked`), in the
+  kept mem  the store in a forked process that first calls `keep_freed_memory` (`proxy/tuning.py`, as `polar proxy`,
+            `polar serve` and the other serving processes do), against the store in a forked process with glibc's defaults (`forked`), in the
             same run: what page-faulting on freed-and-reallocated buffers costs
   bytes     `record_bytes` alone (serialising the record, and its placeholder for a stream; part of `loop`)
 
@@ -53,9 +53,9 @@ from peers import mix_bodies
 
 from nemo_polar.proxy import payloads as payload_file
 from nemo_polar.proxy.dialects import openai_chat
-from nemo_polar.proxy.malloc import keep_freed_memory
 from nemo_polar.proxy.normalized import RouteMatch
 from nemo_polar.proxy.store import DB_NAME, PAGE_SIZE, RecordStore, record_bytes
+from nemo_polar.proxy.tuning import keep_freed_memory
 from nemo_polar.types import CompletionRecord
 
 # the mix's two prompt sizes, and the top of a harness session's range (prompts grow to ~30k tokens)

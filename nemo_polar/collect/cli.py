@@ -120,6 +120,7 @@ def run_collect(args: argparse.Namespace) -> int:
 
     from nemo_polar.collect.collect import CollectError, CollectOptions, collect, expand_tasks, load_tasks
     from nemo_polar.collect.progress import CollectProgress
+    from nemo_polar.proxy.tuning import tune_serving_process
     from nemo_polar.rollout.spec import TaskSpecError
 
     console = Console(stderr=True)
@@ -144,6 +145,7 @@ def run_collect(args: argparse.Namespace) -> int:
         **same_named(args, CollectOptions, upstream=upstream, sampling=sampling, credit=not args.no_credit)
     )
     progress = CollectProgress(console, live=False if args.no_live else None, accept_threshold=args.accept_threshold)
+    tune_serving_process()  # this process hosts the run's stack and its proxy (nemo_polar/proxy/tuning.py)
     try:
         with progress:
             report = collect(

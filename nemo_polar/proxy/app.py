@@ -13,7 +13,6 @@ serves until interrupted (`polar proxy`).
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import secrets
@@ -31,11 +30,11 @@ from nemo_polar.proxy.admin import AdminAPI, Admission
 from nemo_polar.proxy.config import ProxyConfig
 from nemo_polar.proxy.engines.base import Engine, EngineCall, Generation, UpstreamError, Upstreams
 from nemo_polar.proxy.generation import CallContext, Generator, plan_kind
-from nemo_polar.proxy.malloc import keep_freed_memory
 from nemo_polar.proxy.normalized import ChatRequest, ProviderError, RouteMatch
 from nemo_polar.proxy.sessions import Session, SessionManager
 from nemo_polar.proxy.store import RecordStore, StoreWriteError
 from nemo_polar.proxy.streaming import reply_stream
+from nemo_polar.proxy.tuning import tune_serving_process
 from nemo_polar.types import CallKind, CompletionRecord
 
 __all__ = ["Proxy", "ProxyConfig", "run"]
@@ -371,18 +370,9 @@ class Proxy:
         return self._error_response(mod, err)
 
 
-GC_THRESHOLDS = (10_000, 20, 20)  # generation 0 every 10,000 container allocations (CPython's default: 700, 10, 10)
-
-
-async def _settle_gc(app: web.Application) -> None:
-    """A standalone proxy's cyclic GC: what exists once the server is up (modules, the app, the store) lives for the
-    whole run, so it is frozen out of every later collection, and generation 0 runs 14× less often. A long stream's
-    parse allocates thousands of short-lived containers, which made collections ~10 % of the proxy's CPU at
-    c=64 on the long-stream mix (docs/performance.md). Only `run` installs this: an application embedding the proxy
-    keeps its own GC settings."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
+async def _settle(app: web.Application) -> None:
+    """Once the standalone server is up: `tune_serving_process` (its docstring)."""
+    tune_serving_process()
 
 
 def run(config: ProxyConfig, *, host: str = "127.0.0.1", port: int = 8080) -> None:
@@ -395,7 +385,6 @@ def run(config: ProxyConfig, *, host: str = "127.0.0.1", port: int = 8080) -> No
     )
     if not config.control_token and not os.environ.get("POLAR_CONTROL_TOKEN"):
         print(f"control token: {proxy.control_token}", flush=True)
-    keep_freed_memory()
     app = proxy.make_app()
-    app.on_startup.append(_settle_gc)
+    app.on_startup.append(_settle)
     web.run_app(app, host=host, port=port, access_log=None, print=None, handle_signals=True)

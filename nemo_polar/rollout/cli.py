@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from nemo_polar.proxy.malloc import keep_freed_memory
+from nemo_polar.proxy.tuning import tune_serving_process
 from nemo_polar.rollout.auth import SECRET_ENV, SECRET_FILE_ENV, AuthConfigError, check_bind, resolve_secret
 from nemo_polar.rollout.stack import Stack, StackConfig, add_stack_flags, config_from_args, start_stack
 
@@ -102,8 +102,8 @@ async def _until_signalled() -> None:
 
 
 async def _run(stack_cfg: Any) -> None:
-    keep_freed_memory()  # a serving process: its gateways' proxies build large records at concurrency
     stack: Stack = await start_stack(stack_cfg)
+    tune_serving_process()  # a serving process (proxy/tuning.py): its gateways' proxies take the model calls
     try:
         await _until_signalled()
     finally:

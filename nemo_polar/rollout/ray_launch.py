@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from nemo_polar.proxy.tuning import tune_serving_process
 from nemo_polar.rollout.auth import auth_headers
 from nemo_polar.rollout.stack import Stack, StackConfig, start_stack
 
@@ -58,6 +59,7 @@ class GatewayActor(_StackActor):
 
     async def start(self, config: dict[str, Any]) -> str:
         self._stack = await start_stack(StackConfig(**config))
+        tune_serving_process()  # the actor's process serves its proxy's model calls (proxy/tuning.py)
         return self._stack.gateway_urls[0]
 
 

@@ -431,21 +431,29 @@ def test_forced_steps_are_rescored_only_under_the_prompt_limit(fake_upstream, ma
         assert len(rec.generation_log_probs) == len(rec.generation_token_ids) > 0
 
 
-def test_a_standalone_proxy_freezes_its_start_up_objects_and_collects_generation_0_less_often() -> None:
-    """`polar proxy`'s start-up hook (docs/performance.md): objects alive at start-up leave the cyclic GC's scans and
-    generation 0 runs at `GC_THRESHOLDS`; restored afterwards, since the test process is not a standalone proxy."""
+def test_a_standalone_proxy_freezes_its_start_up_objects_and_collects_generation_0_less_often(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A serving process's GC settings (`proxy/tuning.py`, docs/performance.md): objects alive at start-up leave the
+    cyclic GC's scans and generation 0 runs at `GC_THRESHOLDS`; restored afterwards, since the test process is not a
+    serving process. `polar proxy`'s start-up hook applies them (with the allocator's: tests/proxy/test_tuning.py)."""
     import asyncio
     import gc
 
     from aiohttp import web
 
-    from nemo_polar.proxy.app import GC_THRESHOLDS, _settle_gc
+    from nemo_polar.proxy import app
+    from nemo_polar.proxy.tuning import GC_THRESHOLDS, settle_gc
 
     before = gc.get_threshold()
     try:
-        asyncio.run(_settle_gc(web.Application()))
+        settle_gc()
         assert gc.get_threshold() == GC_THRESHOLDS and GC_THRESHOLDS[0] > before[0]
         assert gc.get_freeze_count() > 1000  # at least the imported modules' objects
     finally:
         gc.unfreeze()
         gc.set_threshold(*before)
+    calls: list[str] = []
+    monkeypatch.setattr(app, "tune_serving_process", lambda: calls.append("tuned") or True)
+    asyncio.run(app._settle(web.Application()))
+    assert calls == ["tuned"]

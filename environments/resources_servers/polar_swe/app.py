@@ -53,6 +53,7 @@ from polar_stack import PolarStack, UpstreamMismatch, stack_config
 
 from nemo_polar.evaluators import EvalContext, run_evaluator
 from nemo_polar.evaluators.base import failure
+from nemo_polar.proxy.tuning import tune_serving_process
 from nemo_polar.rollout.runtime import Runtime, RuntimeSetupError, create_runtime
 from nemo_polar.rollout.spec import RuntimeSpec
 from nemo_polar.types import EvalResult
@@ -286,6 +287,7 @@ class PolarSweResourcesServer(PolarSweVerifier, SimpleResourcesServer):
 
         @asynccontextmanager
         async def lifespan(app: FastAPI) -> AsyncIterator[Any]:
+            tune_serving_process()  # this process serves the stack's model calls (nemo_polar/proxy/tuning.py)
             if self.config.upstream_urls:  # configured upstream: up before the first request
                 await self.stack.ensure()
             async with inner(app) as state:

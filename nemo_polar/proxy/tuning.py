@@ -1,0 +1,82 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Process settings for a process that serves model calls: the cyclic GC settled, and freed memory kept.
+
+`tune_serving_process()` applies both. `polar proxy` calls it, and so does every process this package runs as a
+rollout service whose gateways host proxies: `polar serve` and its gateway and rollout variants, `polar collect`,
+the Ray actors of `polar launch --ray`, and the NeMo Gym `polar_swe` resources server when it starts its stack. An
+application that embeds the proxy or a stack in a process of its own keeps its settings unless it calls it.
+
+**The cyclic GC.** What exists once the server is up (modules, the app, the store) lives for the whole run, so it is
+frozen out of every later collection (`gc.freeze`), and generation 0 runs every 10,000 container allocations instead
+of 700. A long stream's parse allocates thousands of short-lived containers, which made collections ≈ 10 % of the
+standalone proxy's CPU at c=64 on the long-stream mix (docs/performance.md).
+
+**Freed memory kept** (glibc's allocator), so large buffers stop page-faulting.
+
+A proxy at concurrency builds many large buffers at once and frees them together: request bodies, upstream answers
+and the record's JSON (≈ 400 KB for a 30k-token prompt). glibc gives an allocation over its mmap threshold (128 KiB,
+raised on the fly up to the largest chunk freed) its own pages, and returns the top of the heap to the OS once more
+than its trim threshold is free there; the next batch then touches fresh pages, a minor fault each 4 KiB. Committing
+30k-token records 16 or 64 at a time cost ≈ 100 faults and ≈ 1.5x the CPU of committing them one at a time
+(docs/performance.md, "Freed memory kept"). With larger thresholds the freed chunks stay in the heap and are reused.
+
+The cost is resident memory: up to `TRIM_THRESHOLD` of freed heap is kept.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import gc
+import logging
+import platform
+
+__all__ = [
+    "GC_THRESHOLDS",
+    "MMAP_THRESHOLD",
+    "TRIM_THRESHOLD",
+    "keep_freed_memory",
+    "settle_gc",
+    "tune_serving_process",
+]
+
+log = logging.getLogger(__name__)
+
+# glibc's mallopt parameters (malloc.h)
+_M_TRIM_THRESHOLD = -1
+_M_MMAP_THRESHOLD = -3
+
+MMAP_THRESHOLD = 32 << 20  # allocations below this come from the heap (glibc's own ceiling for its moving threshold)
+TRIM_THRESHOLD = 128 << 20  # freed memory at the heap's top kept up to this much
+
+GC_THRESHOLDS = (10_000, 20, 20)  # generation 0 every 10,000 container allocations (CPython's default: 700, 10, 10)
+
+
+def tune_serving_process() -> bool:
+    """`settle_gc()` and `keep_freed_memory()` (module docstring); whether the allocator took its setting."""
+    settle_gc()
+    return keep_freed_memory()
+
+
+def settle_gc() -> None:
+    """Collect once, freeze what is alive out of later collections, and run generation 0 14x less often."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
+def keep_freed_memory() -> bool:
+    """Set glibc's mmap and trim thresholds (module docstring); False, changing nothing, where the C library is not
+    glibc or refuses them."""
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        ok = (
+            libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD) == 1
+            and libc.mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
+        )
+    except (OSError, AttributeError) as exc:
+        log.info("allocator thresholds left as they are: %s", exc)
+        return False
+    return ok
