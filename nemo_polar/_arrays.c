@@ -254,7 +254,6 @@ encode_i32_packed(PyObject *Py_UNUSED(module), PyObject *arg)
     return out;
 }
 
-
 /* -- crc32 ------------------------------------------------------------------------------------------------------- */
 
 static uint32_t crc_table[256]; /* the reflected polynomial 0xEDB88320, one byte at a time (filled at import) */
