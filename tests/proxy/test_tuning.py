@@ -48,3 +48,39 @@ def test_a_tuned_process_reuses_freed_buffers_without_page_faults_and_settles_it
     )
     assert tuned["tuned"] is True and tuned["gc"] is True and plain["gc"] is False
     assert tuned["faults_per_buffer"] < 2  # a buffer is 98 pages: fresh pages would fault ~100 times
+
+
+def test_the_serving_entry_points_tune_their_process_after_the_stack_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`polar serve` (and its gateway and rollout variants) and a Ray gateway actor call `tune_serving_process` once
+    their stack is up (the stack and the setting are stubbed: the setting is process-wide)."""
+    import asyncio
+
+    from nemo_polar.rollout import cli, ray_launch
+
+    events: list[str] = []
+
+    class FakeStack:
+        def __init__(self) -> None:
+            self.gateway_urls = ["http://127.0.0.1:1"]
+
+        async def close(self) -> None:
+            events.append("closed")
+
+    async def start_stack(cfg: object) -> FakeStack:
+        events.append("started")
+        return FakeStack()
+
+    async def until_signalled() -> None:
+        events.append("serving")
+
+    for mod in (cli, ray_launch):
+        monkeypatch.setattr(mod, "start_stack", start_stack)
+        monkeypatch.setattr(mod, "tune_serving_process", lambda: events.append("tuned") or True)
+    monkeypatch.setattr(cli, "_until_signalled", until_signalled)
+
+    asyncio.run(cli._run(object()))
+    assert events == ["started", "tuned", "serving", "closed"]
+    events.clear()
+    monkeypatch.setattr(ray_launch, "StackConfig", lambda **kw: kw)
+    assert asyncio.run(ray_launch.GatewayActor().start({})) == "http://127.0.0.1:1"
+    assert events == ["started", "tuned"]
