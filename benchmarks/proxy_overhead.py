@@ -15,7 +15,9 @@ request of the proxy process (from /proc). The client sends the same ~4.5 KB cha
 Long streams (issue 23): the request mix of `peers.py` (1k/8k-token prompts, 64/512-token answers, streaming and
 not) on the sized FAKE upstream, pass-through and proxy at c=1 and c=64 and each kind alone at c=1, once with one
 upstream chunk per token (vLLM's default) and once with 8 (`--stream-interval 8`, the embedded backend's setting),
-the whole-mix rows in `--rounds` rounds (3; 1 with `--quick`) reported as medians with each round's ratio; and on
+the whole-mix rows in `--rounds` rounds (3; 1 with `--quick`) reported as medians with each round's ratio; a mix of
+harness-sized prompts (16k-30k tokens, `MIX_LONG`) at c=64, one token a chunk, in as many rounds (not a bar: the size
+of an agent session's later turns, where every call's token data and record grow with the prompt); and on
 real vLLM what that interval costs a client (time to first and last token of a 128-token stream). The mix adds a
 fourth path, `passthrough+tokens`: the pass-through asking the upstream for the token data our proxy asks for
 (the proxy's own `VLLMEngine.token_fields`), so the engine sends it the same bytes as the proxy (the floor for any
@@ -525,6 +527,19 @@ def mix_verdict(mix: list[dict[str, Any]]) -> str:
                 row = by.get((interval, "whole mix", floor, c))
                 if row and row["cpu_ms_per_req"]:
                     lines.append("  - " + _floor_line(pol, pt, row, c, what, suffix))
+    pol, pt = by.get((1, LONG_PROMPTS, "polar", 64)), by.get((1, LONG_PROMPTS, "passthrough", 64))
+    if pol and pt and pt["cpu_ms_per_req"]:
+        lines.append(
+            f"- harness-sized prompts ({LONG_PROMPTS}, {MIX_LONG}), 1 token/chunk, c=64 (not a bar: the size of an "
+            f"agent session's later turns): proxy CPU per request {pol['cpu_ms_per_req']:.2f} ms vs the pass-through's "
+            f"{pt['cpu_ms_per_req']:.2f} ms = **{pol['cpu_ms_per_req'] / pt['cpu_ms_per_req']:.2f}×**"
+            f"{_spread(pol.get('cpu_ratios'))}; throughput **{pol['rps'] / pt['rps']:.2f}×**"
+            f"{_spread(pol.get('rps_ratios'))}"
+        )
+        for floor, _, what, suffix in _FLOORS:
+            row = by.get((1, LONG_PROMPTS, floor, 64))
+            if row and row["cpu_ms_per_req"]:
+                lines.append("  - " + _floor_line(pol, pt, row, 64, what, suffix))
     from nemo_polar.proxy.engines.vllm_stream import SCANNER  # the proxy subprocess runs this Python: the same scanner
 
     lines.append(
@@ -647,6 +662,10 @@ def own_work_profile(n: int = 400) -> dict[str, float]:
 
 
 MIX_INTERVALS = (1, 8)  # tokens per upstream chunk: vLLM's default, and the embedded backend's --stream-interval
+# harness-sized prompts (a session's prompts grow to ~30k tokens), whole mix at c=64, one token a chunk: (prompt tokens,
+# answer tokens, stream) as in `peers.MIX_FAKE`
+MIX_LONG = [(30000, 512, False), (30000, 64, True), (16000, 512, True), (24000, 64, False)]
+LONG_PROMPTS = "16k-30k prompts"
 
 
 def _mix_part(scale: float, rounds: int = 1) -> list[dict[str, Any]]:
@@ -662,6 +681,7 @@ def _mix_part(scale: float, rounds: int = 1) -> list[dict[str, Any]]:
 
     rows: list[dict[str, Any]] = []
     bodies = [json.dumps(b).encode() for b in mix_bodies("fake-model", MIX_FAKE)]
+    long_bodies = [json.dumps(b).encode() for b in mix_bodies("fake-model", MIX_LONG)]
     for interval in MIX_INTERVALS:
         up_port = free_port()
         argv = ["--port", str(up_port), "--sized", "--stream-interval", str(interval)]
@@ -685,6 +705,11 @@ def _mix_part(scale: float, rounds: int = 1) -> list[dict[str, Any]]:
                     kind = f"{prompt // 1000}k/{answer}{' stream' if stream else ''}"
                     for r in run_suite(f"mix/{interval}", st, body, {1: int(200 * scale)}):
                         r["requests"] = kind
+                        got.append(r)
+                if interval == 1:  # harness-sized prompts: token data and record grow with the prompt
+                    long_plan = {64: int(640 * scale)}
+                    for r in median_rows([run_suite("mix/1", st, long_bodies, long_plan) for _ in range(rounds)]):
+                        r["requests"] = LONG_PROMPTS
                         got.append(r)
             for r in got:
                 r["interval"] = interval

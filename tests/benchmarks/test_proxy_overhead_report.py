@@ -151,3 +151,20 @@ def test_no_token_line_without_its_rows() -> None:
         r["interval"], r["requests"] = 1, "whole mix"
     verdict = po.mix_verdict(rows)
     assert "token data" not in verdict and "orjson" not in verdict
+
+
+def test_harness_sized_prompts_get_their_own_line_not_a_bar() -> None:
+    mix = po.median_rows([_round(0.8, 0.5, 600, 900), _round(1.0, 0.5, 500, 1000)])
+    long = po.median_rows([_round(1.5, 0.5, 600, 1800, tokens=(0.6, 1500)), _round(1.7, 0.5, 500, 2000, (0.7, 1400))])
+    for r in mix:
+        r["interval"], r["requests"] = 1, "whole mix"
+    for r in long:
+        r["interval"], r["requests"] = 1, po.LONG_PROMPTS
+    verdict = po.mix_verdict(mix + [r for r in long if r["concurrency"] == 64])
+    (line,) = [x for x in verdict.splitlines() if x.startswith("- harness-sized prompts")]
+    assert "not a bar" in line and "**3.20×** (rounds: 3.00, 3.40)" in line and "throughput **0.29×**" in line
+    (floor,) = [x for x in verdict.splitlines() if x.startswith("  - the pass-through asking")]
+    assert "0.65 ms = 1.30× the plain one" in floor and "proxy vs it: **2.46×**" in floor
+    # the whole mix's bars are untouched by the long rows
+    assert "c=64: proxy CPU per request 0.90 ms vs the pass-through's 0.50 ms = **1.80×**" in verdict
+    assert "harness-sized" not in po.mix_verdict(mix)
