@@ -2,9 +2,10 @@
 """Process settings for a process that serves model calls: the cyclic GC settled, and freed memory kept.
 
 `tune_serving_process()` applies both. `polar proxy` calls it, and so does every process this package runs as a
-rollout service whose gateways host proxies: `polar serve` and its gateway and rollout variants, `polar collect`,
-the Ray actors of `polar launch --ray`, and the NeMo Gym `polar_swe` resources server when it starts its stack. An
-application that embeds the proxy or a stack in a process of its own keeps its settings unless it calls it.
+rollout service whose gateways host proxies: `polar serve` and its gateway and rollout variants, `polar collect`
+(and `polar demo`), the gateway actors of `polar launch --ray`, and the NeMo Gym `polar_swe` resources server as it
+starts (its lifespan). An application that embeds the proxy or a stack in a process of its own keeps its settings
+unless it calls it.
 
 **The cyclic GC.** What exists once the server is up (modules, the app, the store) lives for the whole run, so it is
 frozen out of every later collection (`gc.freeze`), and generation 0 runs every 10,000 container allocations instead
