@@ -23,8 +23,8 @@ Columns, measured in the same run:
   zlib crc  the store with zlib.crc32 as the payload frames' checksum instead of `_arrays.crc32` (the same value,
             folded with carry-less multiplication where the CPU has it): the checksum's share, in the same run
   kept mem  the store in a forked process that first calls `keep_freed_memory` (`proxy/tuning.py`, as `polar proxy`,
-            `polar serve` and the other serving processes do), against the store in a forked process with glibc's defaults (`forked`), in the
-            same run: what page-faulting on freed-and-reallocated buffers costs
+            `polar serve` and the other serving processes do), against the store in a forked process with glibc's
+            defaults (`forked`), in the same run: what page-faulting on freed-and-reallocated buffers costs
   bytes     `record_bytes` alone (serialising the record, and its placeholder for a stream; part of `loop`)
 
     .venv/bin/python benchmarks/store_cost.py [--quick] [--repeat N] [--dir DIR]
