@@ -185,6 +185,15 @@ def _passthrough_main(port: int, upstream: str, floor: str | None = None) -> Non
         yield
         await app["http"].close()
 
+    async def relay(request: web.Request, r: aiohttp.ClientResponse, headers: dict[str, str]) -> web.StreamResponse:
+        """A streamed answer passed on a read at a time, as it arrives (never looked at)."""
+        out = web.StreamResponse(status=r.status, headers=headers)
+        await out.prepare(request)
+        async for data in r.content.iter_any():
+            await out.write(data)
+        await out.write_eof()
+        return out
+
     async def handler(request: web.Request) -> web.StreamResponse:
         body = await request.read()
         async with request.app["http"].post(
@@ -194,12 +203,7 @@ def _passthrough_main(port: int, upstream: str, floor: str | None = None) -> Non
             if not kind.startswith("text/event-stream"):
                 data = await r.read()
                 return web.Response(status=r.status, body=data, headers={"Content-Type": kind})
-            out = web.StreamResponse(status=r.status, headers={"Content-Type": kind})
-            await out.prepare(request)
-            async for data in r.content.iter_any():
-                await out.write(data)
-            await out.write_eof()
-            return out
+            return await relay(request, r, {"Content-Type": kind})
 
     async def with_tokens(request: web.Request) -> web.StreamResponse:
         body = orjson.loads(await request.read())
@@ -214,12 +218,7 @@ def _passthrough_main(port: int, upstream: str, floor: str | None = None) -> Non
                 if parse:
                     orjson.loads(data)
                 return web.Response(status=r.status, body=data, headers=headers)
-            out = web.StreamResponse(status=r.status, headers=headers)
-            await out.prepare(request)
-            async for data in r.content.iter_any():
-                await out.write(data)
-            await out.write_eof()
-            return out
+            return await relay(request, r, headers)
 
     app = web.Application(client_max_size=64 * 1024 * 1024)
     app.cleanup_ctx.append(ctx)
