@@ -36,11 +36,12 @@ placeholder holds what identifies the call and the caller's original request, no
 pending rows left by a killed process become failure records (`error.type == "interrupted"`, with the original
 request), so a stream cut by a crash is still accounted for.
 
-New databases use 4 KiB pages (SQLite's default). Every page a commit touches is one WAL frame (two `pwrite`s) and is
-copied once more by the checkpoint; with the payloads out of the rows a commit touches a few small pages. Against the
-16 KiB pages used while the JSON was in the rows, records committed one at a time cost up to ≈ 20 % less store CPU
-(a 1k-token prompt's stream 215 -> 169 µs, an 8k-token one's 368 -> 316 µs), in batches of 16 about the same (the
-`benchmarks/store_cost.py` cases). An existing database keeps the page size it was created with.
+New databases use 4 KiB pages (SQLite's default): with the payloads out of the rows a commit touches a few small
+pages (`benchmarks/store_cost.py`). An existing database keeps the page size it was created with.
+
+Session deltas (`proxy/deltas.py`, on by default): a record whose prompt extends an earlier record of its session
+is written as what is new (the tail of its prompt ids and of its requests' top-level lists) against that record,
+which is written whole; every read here resolves it, so readers only ever see whole records.
 
 Sessions are persisted in the same database (a JSON blob per session) so they survive a restart.
 This module does no HTTP and knows nothing of dialects.
@@ -57,6 +58,7 @@ import sqlite3
 import struct
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -64,6 +66,7 @@ from typing import Any
 import orjson
 
 from nemo_polar.errors import PolarError
+from nemo_polar.proxy.deltas import DeltaError, SessionDeltas, is_delta, resolve
 from nemo_polar.proxy.payloads import PayloadFile, StoreCorrupt
 from nemo_polar.types import CompletionRecord, TokenIds, encode_array
 
@@ -117,9 +120,13 @@ class RecordStore:
             committed WAL frames and payload frames are in the OS before `commit` returns); batches are then written
             on the event loop itself (no fsync, ~0.1 ms), avoiding thread hand-offs.
         max_batch: most writes folded into one transaction.
+        session_deltas: write a record whose prompt extends an earlier one of its session as a delta against it
+            (`proxy/deltas.py`; every read resolves it). `False` writes every record whole.
     """
 
-    def __init__(self, directory: str | Path, *, fsync: bool = False, max_batch: int = 1024):
+    def __init__(
+        self, directory: str | Path, *, fsync: bool = False, max_batch: int = 1024, session_deltas: bool = True
+    ):
         self.directory = Path(directory)
         self.path = self.directory / DB_NAME
         self._payloads = PayloadFile(self.directory / PAYLOADS_NAME, writable=True)
@@ -134,9 +141,12 @@ class RecordStore:
         self.checkpoint_every_s = 1.0
         self._reader: sqlite3.Connection | None = None
         self._pending_ids: set[str] = set()  # placeholders submitted and not yet replaced by their final record
+        self._deltas = SessionDeltas() if session_deltas else None
+        self._lost: set[str] = set()  # ids of records whose batch failed: a delta against one is written whole
         self._closed = True
         self.batches = 0
         self.writes = 0
+        self.delta_records = 0  # records written as session deltas
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
@@ -229,10 +239,11 @@ class RecordStore:
         if not rows:
             return 0
         conn.execute("BEGIN")
+        bases: OrderedDict[str, dict[str, Any]] = OrderedDict()
         for rid, session_id, seq, data in rows:
             message = "the proxy stopped before this call's reply was complete"
             try:
-                rec = orjson.loads(self._payloads.resolve(rid, data))
+                rec = orjson.loads(_whole(conn, self._payloads, rid, data, bases))
             except StoreCorrupt as exc:  # a power loss took the placeholder's frame: what the row itself says
                 rec = {"id": rid, "session_id": session_id, "seq": seq, "dialect": ""}
                 message += f"; its placeholder is lost ({exc})"
@@ -264,27 +275,21 @@ class RecordStore:
         if batch and self._inline_conn is not None:
             self._write_batch(self._inline_conn, batch)
 
-    @staticmethod
-    def _record_op(
-        record: CompletionRecord, state: str, data: bytes | None = None, *, update: bool = False
-    ) -> tuple[Any, ...]:
+    def _record_op(self, record: CompletionRecord, state: str, *, update: bool = False) -> tuple[Any, ...]:
         # serialised here, on the caller's thread: the writer thread then only runs SQL (which releases the GIL)
-        return (
-            "record",
-            record.id,
-            record.session_id,
-            record.seq,
-            state,
-            0 if record.error is None else 1,
-            record_bytes(record) if data is None else data,
-            update,
-        )
+        pending = state == "pending"
+        out, base = record_dict(record, pending=pending), None
+        data = orjson.dumps(out) if self._deltas is None else None
+        if data is None and self._deltas is not None:
+            data, base = self._deltas.encode(out, record, pending=pending)
+        failed = 0 if record.error is None else 1
+        return ("record", record.id, record.session_id, record.seq, state, failed, data, update, record, base)
 
     def put_pending(self, record: CompletionRecord) -> asyncio.Future[None]:
         """Write a placeholder for an admitted call (awaited before a stream's first byte leaves): the record without
         its normalised `request` (module docstring)."""
         self._pending_ids.add(record.id)
-        return self._submit(self._record_op(record, "pending", record_bytes(record, pending=True)))
+        return self._submit(self._record_op(record, "pending"))
 
     async def commit(self, record: CompletionRecord) -> None:
         """Durably write the final record (replacing its placeholder); returns once it is committed."""
@@ -322,6 +327,8 @@ class RecordStore:
     def _write_batch(self, conn: sqlite3.Connection, batch: list[Any]) -> None:
         error: BaseException | None = None
         ops = [op for op, _, _ in batch]
+        if self._lost:  # a delta against a record whose batch failed: written whole
+            ops = [_whole_op(op) if op[0] == "record" and op[9] in self._lost else op for op in ops]
         large = [i for i, op in enumerate(ops) if op[0] == "record" and len(op[6]) > INLINE_MAX]
         single = len(ops) == 1 and not large  # one statement is its own transaction (autocommit): no BEGIN/COMMIT
         try:
@@ -347,6 +354,7 @@ class RecordStore:
                 except sqlite3.Error:
                     pass
             log.exception("store write failed (%d ops)", len(batch))
+            self._forget([op for op in ops if op[0] == "record"], batch)
             if isinstance(
                 exc, (sqlite3.Error, OSError)
             ):  # the disk's fault, not the caller's: a typed, retryable error
@@ -354,6 +362,8 @@ class RecordStore:
                 error.__cause__ = exc
         self.batches += 1
         self.writes += len(batch)
+        if error is None:
+            self.delta_records += sum(1 for op in ops if op[0] == "record" and op[9] is not None)
         for _, loop, fut in batch:
             if loop is None:
                 _resolve(fut, error)
@@ -363,10 +373,26 @@ class RecordStore:
             except RuntimeError:  # loop closed: nobody is waiting any more
                 pass
 
+    def _forget(self, lost: list[tuple[Any, ...]], batch: list[Any]) -> None:
+        """A failed batch's records may be keys: later deltas against them are written whole, and their sessions'
+        keys dropped (on the event loop, which owns them)."""
+        self._lost.update(op[1] for op in lost)
+        if self._deltas is None or not lost:
+            return
+        sessions = {op[2] for op in lost}
+        loop = next((lp for _, lp, _ in batch if lp is not None), None)
+        if loop is None:
+            self._deltas.forget(sessions)
+        else:
+            try:
+                loop.call_soon_threadsafe(self._deltas.forget, sessions)
+            except RuntimeError:  # loop closed
+                pass
+
     @staticmethod
     def _apply(conn: sqlite3.Connection, op: tuple[Any, ...]) -> None:
         if op[0] == "record":
-            _, rid, session_id, seq, state, failed, data, update = op
+            _, rid, session_id, seq, state, failed, data, update = op[:8]
             # a placeholder's row is updated in place: its index entries stay, where INSERT OR REPLACE deletes the
             # row and both index entries and inserts them again (a 1k-prompt stream at concurrency 1: ~25 % less
             # CPU). No such row (the placeholder's write failed): a plain insert.
@@ -396,8 +422,9 @@ class RecordStore:
         return self._reader
 
     def get_record(self, record_id: str) -> CompletionRecord | None:
-        row = self._read().execute("SELECT data FROM records WHERE id = ?", (record_id,)).fetchone()
-        return None if row is None else CompletionRecord.from_json(self._payloads.resolve(record_id, row[0]))
+        conn = self._read()
+        row = conn.execute("SELECT data FROM records WHERE id = ?", (record_id,)).fetchone()
+        return None if row is None else CompletionRecord.from_json(_whole(conn, self._payloads, record_id, row[0]))
 
     def list_records(
         self, session_id: str, *, after_seq: int = -1, limit: int = 100, include_pending: bool = False
@@ -407,20 +434,20 @@ class RecordStore:
         if not include_pending:
             sql += " AND state = 'done'"
         sql += " ORDER BY seq LIMIT ?"
-        rows = self._read().execute(sql, (session_id, after_seq, limit)).fetchall()
-        return [CompletionRecord.from_json(self._payloads.resolve(rid, data)) for rid, data in rows]
+        conn = self._read()
+        rows = conn.execute(sql, (session_id, after_seq, limit)).fetchall()
+        bases: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        return [CompletionRecord.from_json(_whole(conn, self._payloads, rid, data, bases)) for rid, data in rows]
 
     def list_records_raw(self, session_id: str, *, after_seq: int = -1, limit: int = 100) -> list[bytes]:
         """Like `list_records` but the stored compact JSON, unparsed (for the HTTP API)."""
-        rows = (
-            self._read()
-            .execute(
-                "SELECT id, data FROM records WHERE session_id = ? AND seq > ? AND state = 'done' ORDER BY seq LIMIT ?",
-                (session_id, after_seq, limit),
-            )
-            .fetchall()
-        )
-        return [self._payloads.resolve(rid, data) for rid, data in rows]
+        conn = self._read()
+        rows = conn.execute(
+            "SELECT id, data FROM records WHERE session_id = ? AND seq > ? AND state = 'done' ORDER BY seq LIMIT ?",
+            (session_id, after_seq, limit),
+        ).fetchall()
+        bases: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        return [_whole(conn, self._payloads, rid, data, bases) for rid, data in rows]
 
     def session_stats(self, session_id: str) -> dict[str, int]:
         """`{records, failed, next_seq}` for a session (next_seq continues numbering after a restart)."""
@@ -456,18 +483,18 @@ def read_records(
         raise FileNotFoundError(f"{path}: no record store")
     state = "" if include_pending else " AND state = 'done'"
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    payloads = PayloadFile(directory / PAYLOADS_NAME, writable=False)
     try:
+        conn.execute("BEGIN")  # one snapshot: the rows and the bases their deltas refer to
         if ids is None:
             rows = conn.execute(f"SELECT id, data FROM records WHERE 1{state} ORDER BY session_id, seq").fetchall()
         else:
             sql = f"SELECT id, data FROM records WHERE id = ?{state}"
             rows = [row for rid in ids if (row := conn.execute(sql, (rid,)).fetchone()) is not None]
+        bases: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        return [CompletionRecord.from_json(_whole(conn, payloads, rid, data, bases)) for rid, data in rows]
     finally:
         conn.close()
-    payloads = PayloadFile(directory / PAYLOADS_NAME, writable=False)
-    try:
-        return [CompletionRecord.from_json(payloads.resolve(rid, data)) for rid, data in rows]
-    finally:
         payloads.close()
 
 
@@ -507,6 +534,11 @@ except ImportError:
 def record_bytes(rec: CompletionRecord, *, pending: bool = False) -> bytes:
     """`rec.to_json(compact=True)`, byte for byte in meaning, without walking nested dicts in Python; `pending`: a
     placeholder's, with an empty `request`."""
+    return orjson.dumps(record_dict(rec, pending=pending))
+
+
+def record_dict(rec: CompletionRecord, *, pending: bool = False) -> dict[str, Any]:
+    """What `record_bytes` serialises (the token arrays already in their stored form)."""
     out: dict[str, Any] = {}
     for name in _FIELDS:
         v = getattr(rec, name)
@@ -517,7 +549,36 @@ def record_bytes(rec: CompletionRecord, *, pending: bool = False) -> bytes:
         elif pending and name == "request":
             v = {}
         out[name] = v
-    return orjson.dumps(out)
+    return out
+
+
+def _whole_op(op: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A record op written whole (its delta's base was lost with a failed batch)."""
+    data = record_bytes(op[8], pending=op[4] == "pending")
+    return (*op[:6], data, op[7], op[8], None)
+
+
+def _whole(
+    conn: sqlite3.Connection,
+    payloads: PayloadFile,
+    rid: str,
+    data: bytes,
+    bases: OrderedDict[str, dict[str, Any]] | None = None,
+) -> bytes:
+    """A row's record JSON, whole: its payload frame read, and a session delta resolved against its base
+    (`proxy/deltas.py`); `bases` keeps the last few parsed bases across the rows of one read."""
+    raw = payloads.resolve(rid, data)
+    if not is_delta(raw):
+        return raw
+
+    def fetch(bid: str) -> bytes | None:
+        row = conn.execute("SELECT data FROM records WHERE id = ?", (bid,)).fetchone()
+        return None if row is None else payloads.resolve(bid, row[0])
+
+    try:
+        return resolve(raw, fetch, OrderedDict() if bases is None else bases)
+    except DeltaError as exc:
+        raise StoreCorrupt(f"record {rid}: a session delta that cannot be resolved: {exc}") from exc
 
 
 def _resolve(fut: asyncio.Future[None], error: BaseException | None) -> None:

@@ -1,0 +1,225 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Session deltas: a record whose prompt extends an earlier record of its session is stored as what is new.
+
+In an agent session every call's prompt is the previous call's plus the new turn: the same messages and tools with
+more appended, the same prompt ids followed by the last answer's and the new turn's. Stored whole, a session of n
+calls writes O(n²) bytes: a 50-call session growing from 7k to 30k tokens is ≈ 12.6 MB of records for ≈ 770 new
+tokens a call (docs/performance.md, "Session deltas"). With deltas on (`RecordStore(session_deltas=True)`, the
+default) the store keeps, per session, one *key*: the last record it wrote whole. A later record of that session
+whose prompt ids start with the key's is written as a delta against it:
+
+- `prompt_token_ids` holds only the ids after the key's;
+- every top-level list of `original_request` and of `request` (a chat's `messages` and `tools`, a Responses
+  call's `input`, Gemini's `contents`) whose first items serialise to exactly the key's list holds only the items
+  after them;
+- a first member `"_delta": {"base": <the key's id>, "ids": <ids kept>, "lists": {field: {name: <items kept>}}}`
+  says what was cut. A record's JSON otherwise starts with `{"id":`, so a reader tells the two apart by their first
+  bytes, and the name is the store's own (a caller's data is never at the record's top level).
+
+A delta always refers to a record written whole, never to another delta, so a read takes at most one more record.
+A new key is written whole when the prompt no longer extends the key's (a compacted context, another chain) or when
+what is new since the key has grown past a quarter of the key's ids (`REKEY`): a session then writes ≈ 5 whole
+records instead of 50, and the deltas stay a fraction of a whole record. A stream's placeholder is written as a delta
+too (its `original_request` lists, against the session's key) but never becomes a key, nor does a failed call or a
+record of fewer than `MIN_KEY_IDS` prompt ids. Lists are compared as `orjson` bytes, not with `==` (for which
+`1 == 1.0 == True`), so what a reader gets back is the JSON that was committed.
+
+Every read path of `nemo_polar.proxy.store` resolves deltas (`resolve`): readers only ever see whole records. A key
+lost with a batch that failed to commit is forgotten, and an already serialised delta against it is written whole
+(`RecordStore._write_batch`). A store written with deltas needs this version or later to read.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+__all__ = ["BASES_KEPT", "DELTA_TAG", "MIN_KEY_IDS", "REKEY", "DeltaError", "SessionDeltas", "is_delta", "resolve"]
+
+DELTA_TAG = b'{"_delta":'
+MIN_KEY_IDS = 256  # a record with fewer prompt ids is not worth keeping as a key
+REKEY = 4  # a new key once the ids after the key's exceed 1/REKEY of the key's
+BASES_KEPT = 16  # parsed bases a read keeps
+_LIST_FIELDS = ("original_request", "request")
+_I32 = "b64:i32:"
+
+
+class DeltaError(ValueError):
+    """A delta that cannot be resolved against its base (the store reports it as `StoreCorrupt`)."""
+
+
+@dataclass(slots=True)
+class _Key:
+    record_id: str
+    n_bytes: int  # its prompt ids' packed size (4 per id)
+    head: str  # the stored form of its ids ("b64:i32:..."), up to the last whole base64 group
+    last: bytes  # the packed bytes after `head`'s (0-2)
+    json: bytes | None  # its stored JSON, until a later record extends its ids (then `lists`)
+    lists: dict[tuple[str, str], tuple[int, bytes]] | None = None  # (field, name) -> (items, their orjson bytes)
+
+    def cut_lists(self) -> dict[tuple[str, str], tuple[int, bytes]]:
+        """The key's top-level lists, parsed from its JSON the first time a record extends it (most keys, on a
+        proxy serving independent calls, never are)."""
+        if self.lists is None:
+            whole = orjson.loads(self.json or b"{}")
+            self.lists = {}
+            for field in _LIST_FIELDS:
+                value = whole.get(field)
+                if isinstance(value, dict):
+                    for name, items in value.items():
+                        if isinstance(items, list) and items:
+                            self.lists[(field, name)] = (len(items), orjson.dumps(items))
+            self.json = None
+        return self.lists
+
+
+def _b64_size(stored: str) -> int:
+    """The packed size of a stored id array ("b64:i32:" + base64)."""
+    body = len(stored) - len(_I32)
+    return body // 4 * 3 - (stored.endswith("=") + stored.endswith("=="))
+
+
+def _key(record_id: str, stored: str, n_bytes: int, whole: bytes) -> _Key:
+    aligned = n_bytes // 3 * 3
+    head = len(_I32) + aligned // 3 * 4
+    return _Key(record_id, n_bytes, stored[:head], base64.b64decode(stored[head:])[: n_bytes - aligned], whole)
+
+
+def _after(key: _Key, stored: str) -> bytes | None:
+    """The packed ids after the key's when `stored` (a record's ids, stored form) starts with the key's ids; None
+    otherwise. Compared in the stored form up to the key's last whole base64 group, so a prompt that does not extend
+    the key costs one failed prefix comparison and no decoding."""
+    if not stored.startswith(key.head):
+        return None
+    rest = base64.b64decode(stored[len(key.head) :])
+    if not rest.startswith(key.last):
+        return None
+    return rest[len(key.last) :]
+
+
+class SessionDeltas:
+    """The write side: per session, the key that later records are written against (bounded, least recently used
+    sessions dropped first; a dropped session's next record becomes a key again)."""
+
+    def __init__(self, max_sessions: int = 256):
+        self.max_sessions = max_sessions
+        self._keys: OrderedDict[str, _Key] = OrderedDict()
+
+    def encode(self, out: dict[str, Any], rec: Any, *, pending: bool) -> tuple[bytes, str | None]:
+        """The JSON to store for `rec` (`out`: its whole JSON dict, as `record_bytes` builds it) and the id of the
+        key it refers to (None: written whole). May make `rec` its session's key."""
+        sid = rec.session_id
+        key = self._keys.get(sid)
+        if key is not None:
+            if key.record_id == rec.id:  # the key itself written again: whole, never a delta against itself
+                return orjson.dumps(out), None
+            self._keys.move_to_end(sid)
+        stored_ids = out.get("prompt_token_ids")
+        if not (isinstance(stored_ids, str) and stored_ids.startswith(_I32)):
+            stored_ids = None
+        tail = None if key is None or stored_ids is None else _after(key, stored_ids)
+        if not pending:  # a final record: a delta, or whole (and maybe the next key)
+            if tail is None or len(tail) * REKEY > key.n_bytes:  # type: ignore[union-attr]
+                whole = orjson.dumps(out)
+                n_bytes = 0 if stored_ids is None else _b64_size(stored_ids)
+                if rec.error is None and stored_ids is not None and n_bytes >= 4 * MIN_KEY_IDS:
+                    self._keys[sid] = _key(rec.id, stored_ids, n_bytes, whole)
+                    self._keys.move_to_end(sid)
+                    while len(self._keys) > self.max_sessions:
+                        self._keys.popitem(last=False)
+                elif key is not None and tail is None:  # the session left its key: later records look for a new one
+                    del self._keys[sid]
+                return whole, None
+        # a placeholder is cut only against a key that a final record has extended already
+        if key is None or (tail is None and key.lists is None):
+            return orjson.dumps(out), None
+        key_lists = key.cut_lists()
+        lists: dict[str, dict[str, int]] = {}
+        for field in _LIST_FIELDS:
+            value = out.get(field)
+            if not isinstance(value, dict):
+                continue
+            cut = None
+            for name, items in value.items():
+                kept = key_lists.get((field, name))
+                if kept is None or not isinstance(items, list) or len(items) < kept[0]:
+                    continue
+                if orjson.dumps(items[: kept[0]]) != kept[1]:
+                    continue
+                if cut is None:
+                    cut = dict(value)
+                cut[name] = items[kept[0] :]
+                lists.setdefault(field, {})[name] = kept[0]
+            if cut is not None:
+                out[field] = cut
+        n_ids = 0 if tail is None else key.n_bytes // 4
+        if not lists and not n_ids:
+            return orjson.dumps(out), None
+        if tail is not None:
+            out["prompt_token_ids"] = _encode_i32(tail)
+        return orjson.dumps({"_delta": {"base": key.record_id, "ids": n_ids, "lists": lists}, **out}), key.record_id
+
+    def forget(self, session_ids: set[str] | list[str]) -> None:
+        """Drop these sessions' keys (their batch failed to commit: the key may not exist)."""
+        for sid in session_ids:
+            self._keys.pop(sid, None)
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+def _encode_i32(packed: bytes) -> str:
+    return _I32 + base64.b64encode(packed).decode("ascii")
+
+
+def _decode_i32(value: Any) -> bytes:
+    if isinstance(value, str) and value.startswith(_I32):
+        return base64.b64decode(value[len(_I32) :])
+    raise DeltaError("token ids not in their stored form")
+
+
+def is_delta(raw: bytes) -> bool:
+    """Whether a stored record's JSON is a delta (its first member is `_delta`)."""
+    return raw.startswith(DELTA_TAG)
+
+
+def resolve(raw: bytes, fetch: Callable[[str], bytes | None], bases: OrderedDict[str, dict[str, Any]]) -> bytes:
+    """The whole record's JSON from a delta's `raw`; `fetch(id)` reads its base's stored JSON (None: no such
+    record), and `bases` keeps the last `BASES_KEPT` bases parsed (reads go session by session, and a session's
+    deltas share a few bases)."""
+    try:
+        out = orjson.loads(raw)
+        meta = out.pop("_delta")
+        bid = meta["base"]
+        base = bases.get(bid)
+        if base is None:
+            braw = fetch(bid)
+            if braw is None:
+                raise DeltaError(f"its base record {bid} is missing")
+            if is_delta(braw):
+                raise DeltaError(f"its base record {bid} is itself a delta")
+            base = bases[bid] = orjson.loads(braw)
+            while len(bases) > BASES_KEPT:
+                bases.popitem(last=False)
+        n_ids = int(meta["ids"])
+        if n_ids:
+            kept = _decode_i32(base["prompt_token_ids"])
+            if len(kept) < 4 * n_ids:
+                raise DeltaError(f"its base has {len(kept) // 4} prompt ids, the delta keeps {n_ids}")
+            out["prompt_token_ids"] = _encode_i32(kept[: 4 * n_ids] + _decode_i32(out["prompt_token_ids"]))
+        for field, names in meta["lists"].items():
+            for name, n in names.items():
+                items = base[field][name]
+                if not isinstance(items, list) or len(items) < n:
+                    raise DeltaError(f"its base's {field}.{name} has fewer than {n} items")
+                out[field][name] = items[:n] + out[field][name]
+    except DeltaError:
+        raise
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:  # orjson's decode error is a ValueError
+        raise DeltaError(f"a delta that does not fit its base ({type(exc).__name__}: {exc})") from exc
+    return orjson.dumps(out)

@@ -1,0 +1,214 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Session deltas in the record store (`proxy/deltas.py`): a record whose prompt extends its session's key is
+written as what is new, and every read path gives back the whole record that was committed."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import sqlite3
+import struct
+from pathlib import Path
+
+import orjson
+import pytest
+
+from nemo_polar.proxy import deltas
+from nemo_polar.proxy.payloads import PayloadFile, StoreCorrupt
+from nemo_polar.proxy.store import DB_NAME, PAYLOADS_NAME, RecordStore, read_records, record_bytes
+from nemo_polar.types import CompletionRecord, TokenIds
+
+
+def session(
+    sid: str, calls: int, *, start: int = 1200, grow: int = 150, packed: bool = False
+) -> list[CompletionRecord]:
+    """An agent session as the proxy records it: every call's messages and prompt ids extend the previous call's,
+    each request a fresh object (as parsed from its own body)."""
+    rng = random.Random(sid)
+    ids = [rng.randrange(150_000) for _ in range(start)]
+    msgs: list[dict] = [{"role": "system", "content": "You are an agent. " * 40}, {"role": "user", "content": "fix"}]
+    tools = [{"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "n": 1}}}]
+    out = []
+    for i in range(calls):
+        body = orjson.loads(orjson.dumps({"model": "m", "messages": msgs, "tools": tools, "stream": True}))
+        gen = [rng.randrange(150_000) for _ in range(32)]
+        prompt = TokenIds(struct.pack(f"<{len(ids)}i", *ids)) if packed else list(ids)
+        out.append(
+            CompletionRecord(
+                id=f"{sid}-{i}",
+                session_id=sid,
+                seq=i,
+                dialect="openai_chat",
+                original_request=body,
+                request={**orjson.loads(orjson.dumps({"messages": msgs, "tools": tools})), "sampling": {"n": i}},
+                response={"content": f"answer {i}"},
+                prompt_token_ids=prompt,
+                generation_token_ids=gen,
+                generation_log_probs=[-0.25] * len(gen),
+            )
+        )
+        msgs = [*msgs, {"role": "assistant", "content": f"step {i}"}, {"role": "tool", "content": "out " * grow}]
+        ids = ids + gen + [rng.randrange(150_000) for _ in range(grow)]
+    return out
+
+
+def commit_all(store: RecordStore, recs: list[CompletionRecord], *, stream: bool) -> None:
+    async def main() -> None:
+        for r in recs:
+            if stream:
+                await store.put_pending(r)
+            await store.commit(r)
+
+    asyncio.run(main())
+
+
+def stored(directory: Path) -> dict[str, bytes]:
+    """Every row's stored JSON as written (deltas unresolved)."""
+    conn = sqlite3.connect(directory / DB_NAME)
+    rows = conn.execute("SELECT id, data FROM records").fetchall()
+    conn.close()
+    payloads = PayloadFile(directory / PAYLOADS_NAME, writable=False)
+    try:
+        return {rid: payloads.resolve(rid, data) for rid, data in rows}
+    finally:
+        payloads.close()
+
+
+def as_json(rec: CompletionRecord) -> dict:
+    return orjson.loads(record_bytes(rec))
+
+
+def check_reads(store: RecordStore, directory: Path, recs: list[CompletionRecord]) -> None:
+    want = {r.id: as_json(r) for r in recs}
+    sessions = sorted({r.session_id for r in recs})
+    got = [r for s in sessions for r in store.list_records(s, limit=10_000)]
+    got += [store.get_record(r.id) for r in reversed(recs)]  # type: ignore[misc]
+    raw = [CompletionRecord.from_json(x) for s in sessions for x in store.list_records_raw(s, limit=10_000)]
+    for r in got + raw + read_records(directory) + read_records(directory, ids=[r.id for r in reversed(recs)]):
+        assert as_json(r) == want[r.id], r.id
+    assert len(got) == 2 * len(recs)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["final", "stream"])
+@pytest.mark.parametrize("packed", [False, True], ids=["list-ids", "packed-ids"])
+def test_growing_sessions_are_written_as_deltas_and_read_back_whole(tmp_path, stream, packed):
+    recs = [
+        r
+        for pair in zip(session("a", 12, start=3000, packed=packed), session("b", 12, start=3000), strict=True)
+        for r in pair
+    ]
+    store = RecordStore(tmp_path / "d").open()
+    commit_all(store, recs, stream=stream)
+    check_reads(store, tmp_path / "d", recs)
+    rows = stored(tmp_path / "d")
+    as_deltas = {rid for rid, raw in rows.items() if deltas.is_delta(raw)}
+    assert store.delta_records >= len(as_deltas) > len(recs) // 2
+    for rid in as_deltas:  # a delta refers to a record written whole, of its own session, committed before it
+        base = orjson.loads(rows[rid])["_delta"]["base"]
+        assert not deltas.is_delta(rows[base])
+        assert base.split("-")[0] == rid.split("-")[0] and int(base.split("-")[1]) < int(rid.split("-")[1])
+    store.close()
+    check_reads(RecordStore(tmp_path / "d").open(), tmp_path / "d", recs)
+
+    whole = RecordStore(tmp_path / "w", session_deltas=False).open()
+    commit_all(whole, recs, stream=stream)
+    assert whole.delta_records == 0 and not any(deltas.is_delta(x) for x in stored(tmp_path / "w").values())
+    whole.close()
+    size = {k: sum(p.stat().st_size for p in (tmp_path / k).iterdir()) for k in ("d", "w")}
+    assert size["d"] < 0.6 * size["w"], size
+
+
+def test_a_list_is_cut_only_where_its_json_is_the_same(tmp_path):
+    """`==` holds 1 == 1.0 == True; the store compares JSON, so a later record keeps its own `true`."""
+    recs = session("s", 3, start=3000)
+    recs[1].original_request["messages"][0]["flag"] = True
+    recs[0].original_request["messages"][0]["flag"] = 1
+    recs[2].original_request["messages"][0]["flag"] = 1
+    store = RecordStore(tmp_path).open()
+    commit_all(store, recs, stream=False)
+    check_reads(store, tmp_path, recs)
+    rows = stored(tmp_path)
+    assert "messages" not in orjson.loads(rows["s-1"])["_delta"]["lists"].get("original_request", {})
+    assert orjson.loads(rows["s-2"])["_delta"]["lists"]["original_request"]["messages"] == 2
+    assert store.get_record("s-1").original_request["messages"][0]["flag"] is True  # type: ignore[union-attr]
+    store.close()
+
+
+def test_a_session_that_leaves_its_key_gets_a_new_one(tmp_path):
+    """A compacted context (the prompt no longer extends the key's) and a prompt grown far past its key are written
+    whole and become the next key; the same record committed twice is written whole."""
+    recs = session("s", 4) + session("t", 4, start=900)
+    for r in recs[4:]:  # the same session, another chain: not an extension of s-3's prompt
+        r.session_id = "s"
+        r.seq += 4
+    big = session("u", 2, start=1000, grow=900)  # the second prompt has 90 % more ids than the first
+    store = RecordStore(tmp_path).open()
+    commit_all(store, recs + big + [big[1]], stream=False)
+    rows = stored(tmp_path)
+    assert not deltas.is_delta(rows["t-0"]) and deltas.is_delta(rows["t-1"])
+    assert orjson.loads(rows["t-1"])["_delta"]["base"] == "t-0"
+    assert not deltas.is_delta(rows["u-1"])
+    check_reads(store, tmp_path, recs + big)
+    store.close()
+
+
+def test_a_failed_batch_takes_its_key_with_it(tmp_path, monkeypatch):
+    recs = session("s", 3)
+    store = RecordStore(tmp_path).open()
+    original = store._payloads.append
+    monkeypatch.setattr(store._payloads, "append", lambda frames: (_ for _ in ()).throw(OSError(28, "disk full")))
+    with pytest.raises(OSError):
+        commit_all(store, recs[:1], stream=False)
+    key_op = store._record_op(recs[1], "done")
+    assert key_op[9] is None  # the lost key was forgotten: the next record is a key, written whole
+    monkeypatch.setattr(store._payloads, "append", original)
+    delta_op = store._record_op(recs[2], "done")
+    assert delta_op[9] == recs[1].id
+    store._lost.add(recs[1].id)  # as if the key's batch had failed after the delta was serialised
+    store._write_batch(store._inline_conn, [(delta_op, None, asyncio.Future(loop=asyncio.new_event_loop()))])
+    assert not deltas.is_delta(stored(tmp_path)[recs[2].id])
+    assert as_json(store.get_record(recs[2].id)) == as_json(recs[2])  # type: ignore[arg-type]
+    store.close()
+
+
+def test_a_delta_without_its_base_is_store_corrupt_naming_it(tmp_path):
+    recs = session("s", 3)
+    store = RecordStore(tmp_path).open()
+    commit_all(store, recs, stream=False)
+    store.close()
+    conn = sqlite3.connect(tmp_path / DB_NAME)
+    conn.execute("DELETE FROM records WHERE id = 's-0'")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreCorrupt, match=r"s-1.*base record s-0 is missing"):
+        read_records(tmp_path)
+
+
+def test_an_interrupted_delta_placeholder_is_recovered_whole(tmp_path):
+    recs = session("s", 3)
+    store = RecordStore(tmp_path).open()
+    commit_all(store, recs[:2], stream=True)
+
+    async def admit() -> None:
+        await store.put_pending(recs[2])
+
+    asyncio.run(admit())
+    assert deltas.is_delta(stored(tmp_path)["s-2"])
+    store.close()  # the final record never came: a killed proxy's pending row
+    again = RecordStore(tmp_path).open()
+    rec = again.get_record("s-2")
+    assert rec is not None and rec.error is not None and rec.error["type"] == "interrupted"
+    assert rec.original_request == recs[2].original_request
+    again.close()
+
+
+def test_keys_are_bounded_and_deltas_can_be_turned_off(tmp_path):
+    store = RecordStore(tmp_path).open()
+    assert store._deltas is not None
+    store._deltas.max_sessions = 2
+    recs = [r for pair in zip(session("a", 3), session("b", 3), session("c", 3), strict=True) for r in pair]
+    commit_all(store, recs, stream=False)
+    assert len(store._deltas) == 2
+    assert store.delta_records == 0  # three sessions in turn through two keys: each evicted before its next call
+    check_reads(store, tmp_path, recs)
+    store.close()
