@@ -60,6 +60,13 @@ def register(subparsers: Any) -> None:
         help="forced and choose plan steps: grammar (spelled under a grammar, re-scored) | canonical (the "
         "tokenizer's own spelling, scored; needs the model folder: the embedded backend or --model-dir)",
     )
+    p.add_argument(
+        "--no-session-deltas",
+        dest="session_deltas",
+        action="store_false",
+        help="the proxy writes every record whole (default: a record extending its session's prompt is stored as "
+        "what is new; readers see whole records either way)",
+    )
     p.add_argument("--embedded-model", default="tiny-qwen3", help="embedded backend model when no --upstream")
     p.add_argument("--plans", default="live", help="for example: tasks, one plan per sample: fix_plan,noop_plan,live")
     p.add_argument("--run-slots", type=int, default=2, help="concurrent agent sessions")

@@ -183,6 +183,7 @@ class CollectOptions:
     postrun_workers: int = 2
     sampling: dict[str, Any] = field(default_factory=dict)  # sampling the proxy enforces
     forced_tokens: str = "grammar"  # the proxy's spelling of forced and choose plan steps (StackConfig)
+    session_deltas: bool = True  # the proxy's store writes a record extending its session's prompt as a delta
     max_attempts: int = 4  # a sample cut by an interruption is re-dispatched; this bounds how often
     node_timeout_s: float = 60.0  # the rollout server declares a silent gateway lost after this
     accept_threshold: float = 1.0
@@ -337,6 +338,7 @@ def stack_config(opts: CollectOptions, upstream: Upstream | None) -> StackConfig
         "heartbeat_s": 0.5,
         "sampling": dict(opts.sampling),
         "forced_tokens": opts.forced_tokens,
+        "session_deltas": opts.session_deltas,
     }
     if upstream is not None:
         cfg.update(

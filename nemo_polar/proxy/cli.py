@@ -62,6 +62,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="fsync every commit batch (survives power loss); default: WAL synchronous=NORMAL (survives a killed proxy)",
     )
     p.add_argument(
+        "--no-session-deltas",
+        dest="session_deltas",
+        action="store_false",
+        help="write every record whole (default: a record whose prompt extends an earlier one of its session is "
+        "written as what is new; readers see whole records either way)",
+    )
+    p.add_argument(
         "--routing",
         choices=["sticky", "round_robin"],
         default="sticky",

@@ -32,6 +32,9 @@ class ProxyConfig:
     routing: str = "sticky"  # "sticky" (a session stays on one upstream) | "round_robin" (engines/base.py)
     pause_wait_s: float = 600.0
     fsync: bool = False
+    # the record store writes a record whose prompt extends an earlier record of its session as what is new
+    # (proxy/deltas.py: O(n) bytes over a session instead of O(n²)); every read resolves it
+    session_deltas: bool = True
     prefix_preserving: str | None = None  # None | "splice" (stock vLLM) | "nemo_rl" (required_prefix_token_ids)
     model_dir: str | None = None
     chat_template: str | None = None

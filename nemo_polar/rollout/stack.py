@@ -81,6 +81,11 @@ class StackConfig(BaseModel):
         description="how the proxy spreads requests over several upstreams: sticky (a session stays on one; "
         "prefix-cache reuse) | round_robin (each request to the next)",
     )
+    session_deltas: bool = Field(
+        True,
+        description="the proxy's record store writes a record whose prompt extends an earlier one of its session as "
+        "a delta (proxy/deltas.py; readers see whole records)",
+    )
 
     # -- the rollout server: hosted here, or joined by URL -----------------------------------------------------------
     serve_rollout: bool = Field(True, description="host the rollout server in this stack")
@@ -276,6 +281,7 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
         "sampling",
         "routing",
         "forced_tokens",
+        "session_deltas",
     ),
     "server": ("max_attempts", "node_timeout_s"),
     "gateway": ("init_workers", "ready_buffer", "run_slots", "postrun_workers", "gateways", "work_dir"),
@@ -317,6 +323,14 @@ _FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
             "default": "grammar",
             "help": "forced and choose plan steps: grammar (spelled under a grammar, re-scored) | canonical (the "
             "tokenizer's own spelling, scored; needs --model-dir)",
+        },
+    ),
+    "session_deltas": (
+        "--no-session-deltas",
+        {
+            "action": "store_false",
+            "help": "the proxy writes every record whole (default: a record whose prompt extends an earlier one of "
+            "its session is written as what is new; readers see whole records either way)",
         },
     ),
     "max_attempts": ("--max-attempts", {"type": int, "default": 2, "help": "attempts per sample"}),

@@ -212,3 +212,15 @@ def test_keys_are_bounded_and_deltas_can_be_turned_off(tmp_path):
     assert store.delta_records == 0  # three sessions in turn through two keys: each evicted before its next call
     check_reads(store, tmp_path, recs)
     store.close()
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_the_switch_reaches_the_store_from_every_entry_point(tmp_path, on):
+    """`polar proxy --no-session-deltas`, `polar serve`/`collect --no-session-deltas` and the Gym config's
+    `session_deltas` all end in the proxy's `ProxyConfig.session_deltas`, which the store obeys."""
+    from nemo_polar.proxy.app import Proxy
+    from nemo_polar.rollout.stack import StackConfig
+
+    cfg = StackConfig(work_dir=str(tmp_path), upstreams=["http://127.0.0.1:9"], session_deltas=on)
+    proxy = Proxy(cfg.proxy_config(str(tmp_path / "store")))
+    assert proxy.config.session_deltas is on and (proxy.store._deltas is not None) is on

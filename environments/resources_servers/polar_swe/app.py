@@ -82,6 +82,9 @@ class PolarSweResourcesServerConfig(BaseResourcesServerConfig):
     routing: Literal["sticky", "round_robin"] = Field(
         default="sticky", description="several upstreams: sticky (a session stays on one) | round_robin"
     )
+    session_deltas: bool = Field(
+        default=True, description="the record store writes a record extending its session's prompt as what is new"
+    )
     init_workers: int = 2
     ready_buffer: int = 2
     run_slots: int = 2
