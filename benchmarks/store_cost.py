@@ -3,12 +3,15 @@
 
 Records are built the way the proxy builds them: the 1k- and 8k-token chat requests of `peers.py`'s long-stream mix
 as `original_request`, their OpenAI-Chat parse as the normalised `request`, fake prompt ids / generation ids /
-logprobs of the right lengths, an answer text of the answer's length and an `upstream` block. Each case commits
-`n` distinct records through `RecordStore` on an asyncio loop, `batch` at a time (batch 1 = concurrency 1: every
-write its own transaction; 16 / 64 = that many replies finishing in the same loop iteration), either final only
-(a non-streamed reply) or pending placeholder then final (a stream). The CPU is the whole process's
-(`getrusage(RUSAGE_SELF)`: the event loop, the background checkpointer thread and the final checkpoint of
-`close()`), per committed record; `loop` is the event-loop thread's share (what delays replies), `ckpt` the rest.
+logprobs of the right lengths, an answer text of the answer's length and an `upstream` block; every record in its
+own session (`sess-{seed}-{i}`): records of one session with the same request would be written as session deltas
+against each other (`proxy/deltas.py`), and these columns measure independent records (`session_store.py` measures
+sessions). Each case commits `n` distinct records through `RecordStore` on an asyncio loop, `batch` at a time (batch
+1 = concurrency 1: every write its own transaction; 16 / 64 = that many replies finishing in the same loop
+iteration), either final only (a non-streamed reply) or pending placeholder then final (a stream). The CPU is the
+whole process's (`getrusage(RUSAGE_SELF)`: the event loop, the background checkpointer thread and the final
+checkpoint of `close()`), per committed record; `loop` is the event-loop thread's share (what delays replies),
+`ckpt` the rest.
 
 Columns, measured in the same run:
   store     the store as shipped, on a new database
@@ -88,7 +91,7 @@ def cpu_s() -> float:
 
 
 def make_records(prompt_tokens: int, answer_tokens: int, n: int, seed: int = 0) -> list[CompletionRecord]:
-    """`n` records of one size, as `recording.open_record` + `completed` fill them."""
+    """`n` records of one size, as `recording.open_record` + `completed` fill them, each in its own session."""
     rng = random.Random(seed)
     body = mix_bodies("bench-model", [(prompt_tokens, answer_tokens, True)])[0]
     request = openai_chat.parse_request(body, RouteMatch("chat_completions")).normalized_dict()
@@ -98,7 +101,7 @@ def make_records(prompt_tokens: int, answer_tokens: int, n: int, seed: int = 0) 
         out.append(
             CompletionRecord(
                 id=f"{seed:08x}{i:024x}",
-                session_id=f"sess-{i % 8}",
+                session_id=f"sess-{seed}-{i}",
                 seq=i,
                 dialect="openai_chat",
                 arrived_at=now,
