@@ -5,8 +5,9 @@ In an agent session every call's prompt is the previous call's plus the new turn
 more appended, the same prompt ids followed by the last answer's and the new turn's. Stored whole, a session of n
 calls writes O(n²) bytes: a 50-call session growing from 7k to 30k tokens is ≈ 12.6 MB of records for ≈ 770 new
 tokens a call (docs/performance.md, "Session deltas"). With deltas on (`RecordStore(session_deltas=True)`, the
-default) the store keeps, per session, one *key*: the last record it wrote whole. A later record of that session
-whose prompt ids start with the key's is written as a delta against it:
+default) the store keeps, per session, up to `KEYS_PER_SESSION` *keys*: records it wrote whole, one per chain (the
+main agent's, a sub-agent's, a harness's side calls). A later record whose prompt ids start with a key's is written
+as a delta against it:
 
 - `prompt_token_ids` holds only the ids after the key's;
 - every top-level list of `original_request` and of `request` (a chat's `messages` and `tools`, a Responses
@@ -17,12 +18,15 @@ whose prompt ids start with the key's is written as a delta against it:
   bytes, and the name is the store's own (a caller's data is never at the record's top level).
 
 A delta always refers to a record written whole, never to another delta, so a read takes at most one more record.
-A new key is written whole when the prompt no longer extends the key's (a compacted context, another chain) or when
-what is new since the key has grown past a quarter of the key's ids (`REKEY`): a session then writes ≈ 5 whole
-records instead of 50, and the deltas stay a fraction of a whole record. A stream's placeholder is written as a delta
-too (its `original_request` lists, against the session's key) but never becomes a key, nor does a failed call or a
-record of fewer than `MIN_KEY_IDS` prompt ids. Lists are compared as `orjson` bytes, not with `==` (for which
-`1 == 1.0 == True`), so what a reader gets back is the JSON that was committed.
+A record is written whole, and becomes a key, when its prompt extends none of its session's keys (a new chain, a
+compacted context) or has grown past a quarter of its key's ids since (`REKEY`, the key replaced): a 50-call session
+then writes ≈ 5 whole records, and its deltas stay a fraction of a whole one. A stream's placeholder (no ids yet) is
+cut against the key a final record extended last, and never becomes a key, nor does a failed call or a record of
+fewer than `MIN_KEY_IDS` prompt ids. Lists are compared as `orjson` bytes, not with `==` (for which
+`1 == 1.0 == True`), so what a reader gets back is the JSON that was committed. A prompt that extends no key costs
+one failed prefix comparison of the stored ids (no decoding); a key's lists are parsed the first time a record
+extends it. The keys hold at most `KEYS_MAX_BYTES` (256 MiB; least recently used sessions dropped first), and a
+closed session's are let go (`RecordStore.session_ended`).
 
 Every read path of `nemo_polar.proxy.store` resolves deltas (`resolve`): readers only ever see whole records. A key
 lost with a batch that failed to commit is forgotten, and an already serialised delta against it is written whole
@@ -33,17 +37,30 @@ from __future__ import annotations
 
 import base64
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-__all__ = ["BASES_KEPT", "DELTA_TAG", "MIN_KEY_IDS", "REKEY", "DeltaError", "SessionDeltas", "is_delta", "resolve"]
+__all__ = [
+    "BASES_KEPT",
+    "DELTA_TAG",
+    "KEYS_MAX_BYTES",
+    "KEYS_PER_SESSION",
+    "MIN_KEY_IDS",
+    "REKEY",
+    "DeltaError",
+    "SessionDeltas",
+    "is_delta",
+    "resolve",
+]
 
 DELTA_TAG = b'{"_delta":'
-MIN_KEY_IDS = 256  # a record with fewer prompt ids is not worth keeping as a key
+MIN_KEY_IDS = 2048  # a record with fewer prompt ids (its JSON ≈ 25 KB or less) is not worth a key
 REKEY = 4  # a new key once the ids after the key's exceed 1/REKEY of the key's
+KEYS_PER_SESSION = 4  # keys kept per session (its chains)
+KEYS_MAX_BYTES = 256 << 20  # what all keys may hold (≈ 0.5 MB a key at a 30k-token prompt: ≈ 500 keys)
 BASES_KEPT = 16  # parsed bases a read keeps
 _LIST_FIELDS = ("original_request", "request")
 _I32 = "b64:i32:"
@@ -61,6 +78,7 @@ class _Key:
     last: bytes  # the packed bytes after `head`'s (0-2)
     json: bytes | None  # its stored JSON, until a later record extends its ids (then `lists`)
     lists: dict[tuple[str, str], tuple[int, bytes]] | None = None  # (field, name) -> (items, their orjson bytes)
+    size: int = 0  # what it holds, at most (`SessionDeltas.held`)
 
     def cut_lists(self) -> dict[tuple[str, str], tuple[int, bytes]]:
         """The key's top-level lists, parsed from its JSON the first time a record extends it (most keys, on a
@@ -87,7 +105,9 @@ def _b64_size(stored: str) -> int:
 def _key(record_id: str, stored: str, n_bytes: int, whole: bytes) -> _Key:
     aligned = n_bytes // 3 * 3
     head = len(_I32) + aligned // 3 * 4
-    return _Key(record_id, n_bytes, stored[:head], base64.b64decode(stored[head:])[: n_bytes - aligned], whole)
+    key = _Key(record_id, n_bytes, stored[:head], base64.b64decode(stored[head:])[: n_bytes - aligned], whole)
+    key.size = head + len(whole)  # its lists, parsed later from `whole`, are smaller than `whole`
+    return key
 
 
 def _after(key: _Key, stored: str) -> bytes | None:
@@ -103,41 +123,59 @@ def _after(key: _Key, stored: str) -> bytes | None:
 
 
 class SessionDeltas:
-    """The write side: per session, the key that later records are written against (bounded, least recently used
-    sessions dropped first; a dropped session's next record becomes a key again)."""
+    """The write side: per session, up to `KEYS_PER_SESSION` keys (one per chain: the main agent's, a sub-agent's,
+    a harness's side calls), most recently used first; sessions are bounded too, least recently used dropped first
+    (a dropped session's next record becomes a key again) once the keys hold more than `max_bytes`."""
 
-    def __init__(self, max_sessions: int = 256):
-        self.max_sessions = max_sessions
-        self._keys: OrderedDict[str, _Key] = OrderedDict()
+    def __init__(self, max_bytes: int = KEYS_MAX_BYTES):
+        self.max_bytes = max_bytes
+        self.held = 0  # bytes the keys hold (their JSON and ids as stored)
+        self._keys: OrderedDict[str, list[_Key]] = OrderedDict()
 
     def encode(self, out: dict[str, Any], rec: Any, *, pending: bool) -> tuple[bytes, str | None]:
         """The JSON to store for `rec` (`out`: its whole JSON dict, as `record_bytes` builds it) and the id of the
-        key it refers to (None: written whole). May make `rec` its session's key."""
+        key it refers to (None: written whole). May make `rec` a key of its session."""
         sid = rec.session_id
-        key = self._keys.get(sid)
-        if key is not None:
-            if key.record_id == rec.id:  # the key itself written again: whole, never a delta against itself
-                return orjson.dumps(out), None
+        keys = self._keys.get(sid)
+        if keys is None:
+            keys = []  # registered when it gets a key: a session with none holds nothing here
+        else:
             self._keys.move_to_end(sid)
+        if any(k.record_id == rec.id for k in keys):  # a key itself written again: whole, never against itself
+            return orjson.dumps(out), None
         stored_ids = out.get("prompt_token_ids")
         if not (isinstance(stored_ids, str) and stored_ids.startswith(_I32)):
             stored_ids = None
-        tail = None if key is None or stored_ids is None else _after(key, stored_ids)
-        if not pending:  # a final record: a delta, or whole (and maybe the next key)
-            if tail is None or len(tail) * REKEY > key.n_bytes:  # type: ignore[union-attr]
+        key, tail = None, None
+        for k in keys if stored_ids is not None else ():
+            tail = _after(k, stored_ids)  # type: ignore[arg-type]
+            if tail is not None:
+                key = k
+                break
+        if not pending:  # a final record: a delta, or whole (and maybe a key)
+            if key is None or len(tail) * REKEY > key.n_bytes:  # type: ignore[arg-type]
                 whole = orjson.dumps(out)
                 n_bytes = 0 if stored_ids is None else _b64_size(stored_ids)
                 if rec.error is None and stored_ids is not None and n_bytes >= 4 * MIN_KEY_IDS:
-                    self._keys[sid] = _key(rec.id, stored_ids, n_bytes, whole)
-                    self._keys.move_to_end(sid)
-                    while len(self._keys) > self.max_sessions:
-                        self._keys.popitem(last=False)
-                elif key is not None and tail is None:  # the session left its key: later records look for a new one
-                    del self._keys[sid]
+                    if key is not None:  # grown past its key: this record takes the key's place
+                        keys.remove(key)
+                        self.held -= key.size
+                    new = _key(rec.id, stored_ids, n_bytes, whole)
+                    keys = self._keys.setdefault(sid, keys)
+                    keys.insert(0, new)
+                    self.held += new.size - sum(k.size for k in keys[KEYS_PER_SESSION:])
+                    del keys[KEYS_PER_SESSION:]
+                    while self.held > self.max_bytes and len(self._keys) > 1:
+                        self.held -= sum(k.size for k in self._keys.popitem(last=False)[1])
                 return whole, None
-        # a placeholder is cut only against a key that a final record has extended already
-        if key is None or (tail is None and key.lists is None):
-            return orjson.dumps(out), None
+        elif key is None:  # a placeholder (no ids yet): against the key a final record extended last, if any
+            key = next((k for k in keys if k.lists is not None), None)
+            if key is None:
+                return orjson.dumps(out), None
+        assert key is not None
+        if keys[0] is not key:
+            keys.remove(key)
+            keys.insert(0, key)
         key_lists = key.cut_lists()
         lists: dict[str, dict[str, int]] = {}
         for field in _LIST_FIELDS:
@@ -164,13 +202,14 @@ class SessionDeltas:
             out["prompt_token_ids"] = _encode_i32(tail)
         return orjson.dumps({"_delta": {"base": key.record_id, "ids": n_ids, "lists": lists}, **out}), key.record_id
 
-    def forget(self, session_ids: set[str] | list[str]) -> None:
-        """Drop these sessions' keys (their batch failed to commit: the key may not exist)."""
+    def forget(self, session_ids: Iterable[str]) -> None:
+        """Drop these sessions' keys (the session ended, or a batch of its records failed to commit: a key may not
+        exist)."""
         for sid in session_ids:
-            self._keys.pop(sid, None)
+            self.held -= sum(k.size for k in self._keys.pop(sid, ()))
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return sum(len(keys) for keys in self._keys.values())
 
 
 def _encode_i32(packed: bytes) -> str:

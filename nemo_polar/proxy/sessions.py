@@ -303,6 +303,7 @@ class SessionManager:
         if s.closed_at is None:
             s.closed_at = time.time()
             await self.store.put_session(s.session_id, s.api_key, s.created_at, s.persisted())
+            self.store.session_ended(s.session_id)
         return s
 
     def all(self) -> list[Session]:

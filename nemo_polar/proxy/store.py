@@ -301,6 +301,11 @@ class RecordStore:
         """Insert or replace a session row."""
         await self._submit(("session", session_id, api_key, created_at, orjson.dumps(data)))
 
+    def session_ended(self, session_id: str) -> None:
+        """A closed session makes no more calls: its session-delta keys are let go (`proxy/deltas.py`)."""
+        if self._deltas is not None:
+            self._deltas.forget((session_id,))
+
     def _writer(self) -> None:
         conn = self._connect()
         stop = False

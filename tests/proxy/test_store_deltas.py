@@ -20,7 +20,7 @@ from nemo_polar.types import CompletionRecord, TokenIds
 
 
 def session(
-    sid: str, calls: int, *, start: int = 1200, grow: int = 150, packed: bool = False
+    sid: str, calls: int, *, start: int = 3000, grow: int = 150, packed: bool = False
 ) -> list[CompletionRecord]:
     """An agent session as the proxy records it: every call's messages and prompt ids extend the previous call's,
     each request a fresh object (as parsed from its own body)."""
@@ -92,11 +92,7 @@ def check_reads(store: RecordStore, directory: Path, recs: list[CompletionRecord
 @pytest.mark.parametrize("stream", [False, True], ids=["final", "stream"])
 @pytest.mark.parametrize("packed", [False, True], ids=["list-ids", "packed-ids"])
 def test_growing_sessions_are_written_as_deltas_and_read_back_whole(tmp_path, stream, packed):
-    recs = [
-        r
-        for pair in zip(session("a", 12, start=3000, packed=packed), session("b", 12, start=3000), strict=True)
-        for r in pair
-    ]
+    recs = [r for pair in zip(session("a", 12, packed=packed), session("b", 12), strict=True) for r in pair]
     store = RecordStore(tmp_path / "d").open()
     commit_all(store, recs, stream=stream)
     check_reads(store, tmp_path / "d", recs)
@@ -120,7 +116,7 @@ def test_growing_sessions_are_written_as_deltas_and_read_back_whole(tmp_path, st
 
 def test_a_list_is_cut_only_where_its_json_is_the_same(tmp_path):
     """`==` holds 1 == 1.0 == True; the store compares JSON, so a later record keeps its own `true`."""
-    recs = session("s", 3, start=3000)
+    recs = session("s", 3)
     recs[1].original_request["messages"][0]["flag"] = True
     recs[0].original_request["messages"][0]["flag"] = 1
     recs[2].original_request["messages"][0]["flag"] = 1
@@ -137,11 +133,11 @@ def test_a_list_is_cut_only_where_its_json_is_the_same(tmp_path):
 def test_a_session_that_leaves_its_key_gets_a_new_one(tmp_path):
     """A compacted context (the prompt no longer extends the key's) and a prompt grown far past its key are written
     whole and become the next key; the same record committed twice is written whole."""
-    recs = session("s", 4) + session("t", 4, start=900)
+    recs = session("s", 4) + session("t", 4, start=2500)
     for r in recs[4:]:  # the same session, another chain: not an extension of s-3's prompt
         r.session_id = "s"
         r.seq += 4
-    big = session("u", 2, start=1000, grow=900)  # the second prompt has 90 % more ids than the first
+    big = session("u", 2, start=2100, grow=1800)  # the second prompt has 87 % more ids than the first
     store = RecordStore(tmp_path).open()
     commit_all(store, recs + big + [big[1]], stream=False)
     rows = stored(tmp_path)
@@ -202,15 +198,24 @@ def test_an_interrupted_delta_placeholder_is_recovered_whole(tmp_path):
     again.close()
 
 
-def test_keys_are_bounded_and_deltas_can_be_turned_off(tmp_path):
+def test_keys_are_bounded_by_bytes_and_kept_per_chain(tmp_path):
     store = RecordStore(tmp_path).open()
     assert store._deltas is not None
-    store._deltas.max_sessions = 2
-    recs = [r for pair in zip(session("a", 3), session("b", 3), session("c", 3), strict=True) for r in pair]
+    # a main chain with a side chain interleaved (a harness's title call): each extends its own key
+    main, side = session("m", 6, start=4000, grow=40), session("x", 6, start=3000, grow=40)
+    for r in side:
+        r.session_id, r.seq = "m", r.seq + 100
+    commit_all(store, [r for pair in zip(main, side, strict=True) for r in pair], stream=False)
+    assert store.delta_records == 10 and len(store._deltas) == 2  # both chains: 1 whole + 5 deltas each
+    held = store._deltas.held
+    assert held > 0
+    store._deltas.max_bytes = held  # no room for another session's key: the least recently used session goes
+    recs = session("n", 3, start=4000)
     commit_all(store, recs, stream=False)
-    assert len(store._deltas) == 2
-    assert store.delta_records == 0  # three sessions in turn through two keys: each evicted before its next call
-    check_reads(store, tmp_path, recs)
+    assert len(store._deltas) == 1 and store._deltas.held <= held
+    check_reads(store, tmp_path, main + side + recs)
+    store.session_ended("n")  # a closed session's keys are let go
+    assert len(store._deltas) == 0 and store._deltas.held == 0
     store.close()
 
 
