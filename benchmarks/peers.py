@@ -318,6 +318,7 @@ class Polar(Peer):
                 str(Path(self._work()) / "store"),
                 "--served-model",
                 model,
+                "--no-session-deltas",  # independent calls, sent in one session: as proxy_overhead.py
             ],
             env={**os.environ, "POLAR_CONTROL_TOKEN": po.CONTROL, "PYTHONPATH": str(REPO)},
         )

@@ -270,6 +270,10 @@ class Stack:
                 self.tmp,
                 "--served-model",
                 self.model,
+                # the bars are about independent calls, which this benchmark sends in one session; there identical
+                # prompts (and the sized fake's prompt ids, one sequence cut to each prompt's length) would be stored
+                # as session deltas of each other (proxy/deltas.py; measured by session_store.py)
+                "--no-session-deltas",
                 *self.proxy_args,
             ],
             env=env,
