@@ -11,6 +11,7 @@ from pathlib import Path
 import orjson
 import pytest
 
+from nemo_polar.proxy.deltas import MIN_KEY_IDS
 from nemo_polar.proxy.store import record_bytes
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -18,7 +19,8 @@ sys.path.insert(0, str(BENCH))
 
 import session_store  # noqa: E402
 
-CALLS, START, END, ANSWER, SESSIONS = 6, 300, 1500, 64, 2
+# the smallest prompt that can be a key, growing 200 ids a call: two deltas, then a new key (past a quarter of it)
+CALLS, START, END, ANSWER, SESSIONS = 6, MIN_KEY_IDS, MIN_KEY_IDS + 1000, 64, 2
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +37,7 @@ def test_the_session_grows_as_an_agent_session(
 ) -> None:
     one = sessions[False][0]
     ids = [list(r.prompt_token_ids) for r in one]
-    assert [len(i) for i in ids] == [300, 540, 780, 1020, 1260, 1500]
+    assert [len(i) for i in ids] == [START + 200 * i for i in range(CALLS)]
     for prev, rec, cur in zip(one, one[1:], ids[1:], strict=False):
         assert cur[: len(prev.prompt_token_ids) + ANSWER] == list(prev.prompt_token_ids) + list(
             prev.generation_token_ids
