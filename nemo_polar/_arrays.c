@@ -5,7 +5,8 @@
  *   ids_ok(ids)  -> bool:      a list or tuple of exact ints in [0, 2**31), what `check_token_data` accepts;
  *   encode_i32(values) -> str | None: "b64:i32:" + base64 of the little-endian int32s;
  *   encode_f64(values) -> str | None: "b64:f64:" + base64 of the little-endian float64s;
- *   crc32(data, value=0) -> int: zlib's crc32, the payload file's checksum (`proxy/payloads.py`).
+ *   crc32(data, value=0) -> int: zlib's crc32, the payload file's checksum (`proxy/payloads.py`);
+ *   same_json(a, b) -> bool: whether two values of JSON types serialise to the same JSON (`proxy/deltas.py`).
  *
  * The Python code did each with `struct.pack(fmt, *values)`, which first builds an argument tuple as long as the
  * list (an 8k-token prompt: three 8,000-item tuples per record). Here each item is read once and written straight
@@ -23,6 +24,12 @@
  * "Fast CRC Computation for Generic Polynomials Using PCLMULQDQ Instruction" (Gopal et al., 2009) that zlib-ng and
  * Chromium's zlib also use; the last bytes, and every byte where there is no such instruction, go through a
  * byte-at-a-time table. `proxy/payloads.py` uses it only when `CRC32_SIMD` is true, else zlib.crc32.
+ *
+ * same_json is `==` without Python's numeric tower: the two values must have exactly the same types all the way down
+ * (so `1`, `1.0` and `True` differ, as their JSON does), floats the same bits (`0.0` and `-0.0` differ), dicts the
+ * same keys in the same order, strings the same code points. It is True only when the JSON is the same; anything
+ * else (another type, nesting deeper than 256) is False, which the caller takes as "not the same". No Python code
+ * runs during the walk (exact ints compare in C), so nothing can change under it.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -356,6 +363,69 @@ crc32(PyObject *Py_UNUSED(module), PyObject *args)
     return PyLong_FromUnsignedLong((unsigned long)~reg);
 }
 
+static int
+same_json_walk(PyObject *a, PyObject *b, int depth)
+{
+    if (a == b) {
+        return 1;
+    }
+    PyTypeObject *t = Py_TYPE(a);
+    if (t != Py_TYPE(b) || depth > 256) {
+        return 0;
+    }
+    if (t == &PyUnicode_Type) {
+        Py_ssize_t n = PyUnicode_GET_LENGTH(a);
+        int kind = PyUnicode_KIND(a);
+        return n == PyUnicode_GET_LENGTH(b) && kind == (int)PyUnicode_KIND(b) &&
+               memcmp(PyUnicode_DATA(a), PyUnicode_DATA(b), (size_t)n * (size_t)kind) == 0;
+    }
+    if (t == &PyLong_Type) {
+        return PyObject_RichCompareBool(a, b, Py_EQ) == 1;
+    }
+    if (t == &PyFloat_Type) {
+        double x = PyFloat_AS_DOUBLE(a), y = PyFloat_AS_DOUBLE(b);
+        return memcmp(&x, &y, sizeof x) == 0;
+    }
+    if (t == &PyList_Type || t == &PyTuple_Type) {
+        Py_ssize_t n = PySequence_Fast_GET_SIZE(a);
+        if (n != PySequence_Fast_GET_SIZE(b)) {
+            return 0;
+        }
+        PyObject **xa = PySequence_Fast_ITEMS(a), **xb = PySequence_Fast_ITEMS(b);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (!same_json_walk(xa[i], xb[i], depth + 1)) {
+                return 0;
+            }
+        }
+        return 1;
+    }
+    if (t == &PyDict_Type) {
+        if (PyDict_GET_SIZE(a) != PyDict_GET_SIZE(b)) {
+            return 0;
+        }
+        Py_ssize_t pa = 0, pb = 0;
+        PyObject *ka, *va, *kb, *vb;
+        while (PyDict_Next(a, &pa, &ka, &va)) {  /* insertion order, the order JSON is written in */
+            if (!PyDict_Next(b, &pb, &kb, &vb) || !same_json_walk(ka, kb, depth + 1) ||
+                !same_json_walk(va, vb, depth + 1)) {
+                return 0;
+            }
+        }
+        return 1;
+    }
+    return 0;  /* True, False and None are singletons (equal only when identical, above); any other type: not known */
+}
+
+static PyObject *
+same_json(PyObject *Py_UNUSED(module), PyObject *args)
+{
+    PyObject *a, *b;
+    if (!PyArg_ParseTuple(args, "OO:same_json", &a, &b)) {
+        return NULL;
+    }
+    return PyBool_FromLong(same_json_walk(a, b, 0));
+}
+
 static PyMethodDef methods[] = {
     {"ids_ok", ids_ok, METH_O,
      "ids_ok(ids) -> bool: `ids` is a list or tuple of exact ints (no bools) in [0, 2**31), the stored int32 range."},
@@ -370,6 +440,9 @@ static PyMethodDef methods[] = {
     {"crc32", crc32, METH_VARARGS,
      "crc32(data, value=0) -> int: zlib.crc32(data, value), folded with carry-less multiplication where the CPU "
      "has it (CRC32_SIMD)."},
+    {"same_json", same_json, METH_VARARGS,
+     "same_json(a, b) -> bool: `a` and `b` serialise to the same JSON: the same types all the way down (1, 1.0 and "
+     "True differ), floats the same bits, dicts the same keys in the same order."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -20,3 +20,7 @@ CRC32_SIMD: bool
 
 def crc32(data: Buffer, value: int = 0, /) -> int:
     """zlib.crc32(data, value): the same value, faster on a large buffer where `CRC32_SIMD`."""
+
+def same_json(a: object, b: object, /) -> bool:
+    """`a` and `b` serialise to the same JSON: the same types all the way down (1, 1.0 and True differ), floats the
+    same bits, dicts the same keys in the same order."""

@@ -230,3 +230,40 @@ def test_the_payload_file_checks_with_the_fast_crc32_where_the_cpu_folds() -> No
     from nemo_polar.proxy import payloads
 
     assert payloads._crc32 is (_arrays.crc32 if _arrays.CRC32_SIMD else zlib.crc32)
+
+
+def _json_values(rng: random.Random, depth: int = 0) -> Any:
+    """A random value of JSON's types (as `orjson.loads` gives them), nested a few levels."""
+    kind = rng.randrange(9 if depth < 4 else 6)
+    if kind == 0:
+        return rng.choice([None, True, False])
+    if kind == 1:
+        return rng.choice([0, 1, -1, 2**40, -(2**62), 7])
+    if kind == 2:
+        return rng.choice([0.0, -0.0, 1.0, 0.1, -2.5e300, 1e-310])
+    if kind in (3, 4, 5):
+        return rng.choice(["", "a", "é", "日本", "\U0001f600", "x" * 300, "1"])
+    if kind in (6, 7):
+        return [_json_values(rng, depth + 1) for _ in range(rng.randrange(4))]
+    return {rng.choice("abcd"): _json_values(rng, depth + 1) for _ in range(rng.randrange(4))}
+
+
+@needs_c
+def test_same_json_is_true_exactly_when_orjson_writes_the_same_bytes() -> None:
+    """`_arrays.same_json` (session deltas' list comparison) on random JSON values and copies of them with one leaf
+    changed, against comparing their `orjson` bytes; and the cases where `==` is wrong for JSON."""
+    import orjson
+
+    rng = random.Random(7)
+    for _ in range(3000):
+        a = _json_values(rng)
+        b = orjson.loads(orjson.dumps(a)) if rng.random() < 0.5 else _json_values(rng)
+        assert _arrays.same_json(a, b) is (orjson.dumps(a) == orjson.dumps(b)), (a, b)
+    for a, b in [(1, True), (1, 1.0), (0, False), (0.0, -0.0), ({"a": 1, "b": 2}, {"b": 2, "a": 1})]:
+        assert a == b and not _arrays.same_json(a, b)
+    assert not _arrays.same_json([1], (1,))  # another type: "not the same" (a missed cut, never a wrong one)
+    deep: list[Any] = [[], []]
+    for _ in range(300):
+        deep = [[deep[0]], [deep[1]]]
+    assert deep[0] == deep[1] and not _arrays.same_json(*deep)  # too deep to walk: "not the same"
+    assert _arrays.same_json([{"x": [1, 2.5, "é", None]}], [{"x": [1, 2.5, "é", None]}])

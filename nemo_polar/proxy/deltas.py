@@ -61,7 +61,7 @@ MIN_KEY_IDS = 2048  # a record with fewer prompt ids (its JSON ≈ 25 KB or less
 REKEY = 4  # a new key once the ids after the key's exceed 1/REKEY of the key's
 KEYS_PER_SESSION = 4  # keys kept per session (its chains)
 KEYS_MAX_BYTES = 256 << 20  # what all keys may hold (≈ 0.5 MB a key at a 30k-token prompt: ≈ 500 keys)
-BASES_KEPT = 16  # parsed bases a read keeps
+BASES_KEPT = 16  # bases' JSON a read keeps
 _LIST_FIELDS = ("original_request", "request")
 _I32 = "b64:i32:"
 
@@ -74,15 +74,14 @@ class DeltaError(ValueError):
 class _Key:
     record_id: str
     n_bytes: int  # its prompt ids' packed size (4 per id)
-    head: str  # the stored form of its ids ("b64:i32:..."), up to the last whole base64 group
-    last: bytes  # the packed bytes after `head`'s (0-2)
+    head: str  # the stored form of its ids ("b64:i32:..."), cut after a multiple of 3 ids (`_key`)
     json: bytes | None  # its stored JSON, until a later record extends its ids (then `lists`)
-    lists: dict[tuple[str, str], tuple[int, bytes]] | None = None  # (field, name) -> (items, their orjson bytes)
+    lists: dict[tuple[str, str], list[Any]] | None = None  # (field, name) -> the list, parsed from `json`
     size: int = 0  # what it holds, at most (`SessionDeltas.held`)
 
-    def cut_lists(self) -> dict[tuple[str, str], tuple[int, bytes]]:
+    def cut_lists(self) -> dict[tuple[str, str], list[Any]]:
         """The key's top-level lists, parsed from its JSON the first time a record extends it (most keys, on a
-        proxy serving independent calls, never are)."""
+        proxy serving independent calls, never are): objects of this key's own, which nothing else holds."""
         if self.lists is None:
             whole = orjson.loads(self.json or b"{}")
             self.lists = {}
@@ -91,9 +90,19 @@ class _Key:
                 if isinstance(value, dict):
                     for name, items in value.items():
                         if isinstance(items, list) and items:
-                            self.lists[(field, name)] = (len(items), orjson.dumps(items))
+                            self.lists[(field, name)] = items
             self.json = None
         return self.lists
+
+
+def _same_json_bytes(a: Any, b: Any) -> bool:
+    return orjson.dumps(a) == orjson.dumps(b)
+
+
+try:  # the same answer without serialising either side (nemo_polar/_arrays.c)
+    from nemo_polar._arrays import same_json as _same_json
+except ImportError:
+    _same_json = _same_json_bytes
 
 
 def _b64_size(stored: str) -> int:
@@ -103,23 +112,19 @@ def _b64_size(stored: str) -> int:
 
 
 def _key(record_id: str, stored: str, n_bytes: int, whole: bytes) -> _Key:
-    aligned = n_bytes // 3 * 3
-    head = len(_I32) + aligned // 3 * 4
-    key = _Key(record_id, n_bytes, stored[:head], base64.b64decode(stored[head:])[: n_bytes - aligned], whole)
-    key.size = head + len(whole)  # its lists, parsed later from `whole`, are smaller than `whole`
+    """A key whose ids are matched up to a multiple of 3 ids: 12 bytes, 16 base64 characters. The stored form of
+    those ids is then a prefix of any stored array that starts with them, and what follows it is the stored form of
+    the rest; so a record is matched, cut and put back together in its base64, never decoded (a key's last 1-2 ids
+    go into each delta's tail)."""
+    key = _Key(record_id, n_bytes, stored[: len(_I32) + n_bytes // 12 * 16], whole)
+    key.size = len(key.head) + len(whole)  # its lists, parsed later from `whole`, are smaller than `whole`
     return key
 
 
-def _after(key: _Key, stored: str) -> bytes | None:
-    """The packed ids after the key's when `stored` (a record's ids, stored form) starts with the key's ids; None
-    otherwise. Compared in the stored form up to the key's last whole base64 group, so a prompt that does not extend
-    the key costs one failed prefix comparison and no decoding."""
-    if not stored.startswith(key.head):
-        return None
-    rest = base64.b64decode(stored[len(key.head) :])
-    if not rest.startswith(key.last):
-        return None
-    return rest[len(key.last) :]
+def _after(key: _Key, stored: str) -> str | None:
+    """The base64 of the ids after the key's matched ones when `stored` (a record's ids, stored form) starts with
+    them; None otherwise (one failed prefix comparison for a prompt that does not extend the key)."""
+    return stored[len(key.head) :] if stored.startswith(key.head) else None
 
 
 class SessionDeltas:
@@ -153,7 +158,7 @@ class SessionDeltas:
                 key = k
                 break
         if not pending:  # a final record: a delta, or whole (and maybe a key)
-            if key is None or len(tail) * REKEY > key.n_bytes:  # type: ignore[arg-type]
+            if key is None or len(tail) * 3 // 4 * REKEY > key.n_bytes:  # type: ignore[arg-type]
                 whole = orjson.dumps(out)
                 n_bytes = 0 if stored_ids is None else _b64_size(stored_ids)
                 if rec.error is None and stored_ids is not None and n_bytes >= 4 * MIN_KEY_IDS:
@@ -185,21 +190,21 @@ class SessionDeltas:
             cut = None
             for name, items in value.items():
                 kept = key_lists.get((field, name))
-                if kept is None or not isinstance(items, list) or len(items) < kept[0]:
+                if kept is None or not isinstance(items, list) or len(items) < len(kept):
                     continue
-                if orjson.dumps(items[: kept[0]]) != kept[1]:
+                if not _same_json(items[: len(kept)], kept):
                     continue
                 if cut is None:
                     cut = dict(value)
-                cut[name] = items[kept[0] :]
-                lists.setdefault(field, {})[name] = kept[0]
+                cut[name] = items[len(kept) :]
+                lists.setdefault(field, {})[name] = len(kept)
             if cut is not None:
                 out[field] = cut
-        n_ids = 0 if tail is None else key.n_bytes // 4
+        n_ids = 0 if tail is None else (len(key.head) - len(_I32)) // 16 * 3
         if not lists and not n_ids:
             return orjson.dumps(out), None
         if tail is not None:
-            out["prompt_token_ids"] = _encode_i32(tail)
+            out["prompt_token_ids"] = _I32 + tail
         return orjson.dumps({"_delta": {"base": key.record_id, "ids": n_ids, "lists": lists}, **out}), key.record_id
 
     def forget(self, session_ids: Iterable[str]) -> None:
@@ -212,14 +217,16 @@ class SessionDeltas:
         return sum(len(keys) for keys in self._keys.values())
 
 
-def _encode_i32(packed: bytes) -> str:
-    return _I32 + base64.b64encode(packed).decode("ascii")
-
-
-def _decode_i32(value: Any) -> bytes:
-    if isinstance(value, str) and value.startswith(_I32):
-        return base64.b64decode(value[len(_I32) :])
-    raise DeltaError("token ids not in their stored form")
+def _join_ids(base: Any, n_ids: int, tail: Any) -> str:
+    """The stored form of the base's first `n_ids` ids followed by the tail's (both stored forms)."""
+    if not (isinstance(base, str) and base.startswith(_I32) and isinstance(tail, str) and tail.startswith(_I32)):
+        raise DeltaError("token ids not in their stored form")
+    if _b64_size(base) < 4 * n_ids:
+        raise DeltaError(f"its base has {_b64_size(base) // 4} prompt ids, the delta keeps {n_ids}")
+    if n_ids % 3 == 0:  # as written: a whole number of base64 groups, joined as text
+        return base[: len(_I32) + n_ids // 3 * 16] + tail[len(_I32) :]
+    kept = base64.b64decode(base[len(_I32) :])[: 4 * n_ids]
+    return _I32 + base64.b64encode(kept + base64.b64decode(tail[len(_I32) :])).decode("ascii")
 
 
 def is_delta(raw: bytes) -> bool:
@@ -227,38 +234,39 @@ def is_delta(raw: bytes) -> bool:
     return raw.startswith(DELTA_TAG)
 
 
-def resolve(raw: bytes, fetch: Callable[[str], bytes | None], bases: OrderedDict[str, dict[str, Any]]) -> bytes:
-    """The whole record's JSON from a delta's `raw`; `fetch(id)` reads its base's stored JSON (None: no such
-    record), and `bases` keeps the last `BASES_KEPT` bases parsed (reads go session by session, and a session's
-    deltas share a few bases)."""
+def resolve(raw: bytes, fetch: Callable[[str], bytes | None], bases: OrderedDict[str, bytes]) -> dict[str, Any]:
+    """The whole record (as its JSON parses) from a delta's `raw`; `fetch(id)` reads its base's stored JSON (None:
+    no such record), and `bases` keeps the last `BASES_KEPT` bases' JSON (reads go session by session, and a
+    session's deltas share a few bases). The base is parsed anew for every delta, so no two records read share an
+    object."""
     try:
         out = orjson.loads(raw)
         meta = out.pop("_delta")
         bid = meta["base"]
-        base = bases.get(bid)
-        if base is None:
+        braw = bases.get(bid)
+        if braw is None:
             braw = fetch(bid)
             if braw is None:
                 raise DeltaError(f"its base record {bid} is missing")
             if is_delta(braw):
                 raise DeltaError(f"its base record {bid} is itself a delta")
-            base = bases[bid] = orjson.loads(braw)
+            bases[bid] = braw
             while len(bases) > BASES_KEPT:
                 bases.popitem(last=False)
+        base = orjson.loads(braw)
         n_ids = int(meta["ids"])
         if n_ids:
-            kept = _decode_i32(base["prompt_token_ids"])
-            if len(kept) < 4 * n_ids:
-                raise DeltaError(f"its base has {len(kept) // 4} prompt ids, the delta keeps {n_ids}")
-            out["prompt_token_ids"] = _encode_i32(kept[: 4 * n_ids] + _decode_i32(out["prompt_token_ids"]))
+            out["prompt_token_ids"] = _join_ids(base["prompt_token_ids"], n_ids, out["prompt_token_ids"])
         for field, names in meta["lists"].items():
             for name, n in names.items():
                 items = base[field][name]
                 if not isinstance(items, list) or len(items) < n:
                     raise DeltaError(f"its base's {field}.{name} has fewer than {n} items")
-                out[field][name] = items[:n] + out[field][name]
+                del items[n:]
+                items += out[field][name]
+                out[field][name] = items
     except DeltaError:
         raise
     except (KeyError, TypeError, AttributeError, ValueError) as exc:  # orjson's decode error is a ValueError
         raise DeltaError(f"a delta that does not fit its base ({type(exc).__name__}: {exc})") from exc
-    return orjson.dumps(out)
+    return out

@@ -11,13 +11,11 @@ Layout. `records.sqlite` holds one small row per record (id, session, seq, state
 long-stream mix) as a frame (`proxy/payloads.py`): magic, length, crc32, then the bytes. The row's `data` is then a
 17-byte reference (a tag byte JSON never starts with, the frame's offset, length and crc32); a smaller record's JSON
 stays in `data`, as every record of a store written before the payload file does, and both read the same. Out of
-SQLite a large record is written once (not into overflow pages, then the WAL, then again by the checkpoint): on the
-mix the proxy uses ≈ 6 % (c=1) and ≈ 11 % (c=64) less CPU per request (docs/performance.md). `INLINE_MAX` is a page:
-JSON of 1.6-6 KB costs within ±10 % either way committed alone and 25-30 % less in the file in batches of 16, 12 KB
-already 25 % less alone. Every read checks the frame against the reference; a torn, truncated or missing payload is
-`StoreCorrupt` naming the record, never other bytes. The file only grows: a placeholder's frame, and the bytes of a
-batch whose commit failed or whose process died before committing, are garbage no row points to. Copy or archive the
-directory, not the database alone.
+SQLite a large record is written once (not into overflow pages, then the WAL, then again by the checkpoint;
+docs/performance.md, "Records"). Every read checks the frame against the reference; a torn, truncated or missing
+payload is `StoreCorrupt` naming the record, never other bytes. The file only grows: a placeholder's frame, and the
+bytes of a batch whose commit failed or whose process died before committing, are garbage no row points to. Copy or
+archive the directory, not the database alone.
 
 Writers. Several processes may write one store (a rollout server and its gateways, tools). A batch with payloads
 begins with `BEGIN IMMEDIATE`, takes SQLite's write lock, and only then reads the file's end and writes its frames
@@ -36,13 +34,9 @@ placeholder holds what identifies the call and the caller's original request, no
 pending rows left by a killed process become failure records (`error.type == "interrupted"`, with the original
 request), so a stream cut by a crash is still accounted for.
 
-New databases use 4 KiB pages (SQLite's default): with the payloads out of the rows a commit touches a few small
-pages (`benchmarks/store_cost.py`). An existing database keeps the page size it was created with.
-
-Session deltas (`proxy/deltas.py`, on by default): a record whose prompt extends an earlier record of its session
-is written as what is new (the tail of its prompt ids and of its requests' top-level lists) against that record,
-which is written whole; every read here resolves it, so readers only ever see whole records.
-
+New databases use 4 KiB pages (SQLite's default; an existing database keeps its own). Session deltas
+(`proxy/deltas.py`, on by default): a record whose prompt extends an earlier one of its session is written as what
+is new against that record, written whole; every read here resolves it, so readers only ever see whole records.
 Sessions are persisted in the same database (a JSON blob per session) so they survive a restart.
 This module does no HTTP and knows nothing of dialects.
 """
@@ -77,7 +71,9 @@ log = logging.getLogger(__name__)
 DB_NAME = "records.sqlite"
 PAYLOADS_NAME = DB_NAME + "-payloads"  # the append-only payload file beside it (module docstring)
 PAGE_SIZE = 4096  # bytes per SQLite page of a new database (module docstring)
-INLINE_MAX = 4096  # a record's JSON of up to this many bytes stays in its row (module docstring)
+# a record's JSON of up to this many bytes (a page) stays in its row: JSON of 1.6-6 KB costs within ±10 % either way
+# committed alone and 25-30 % less in the payload file in batches of 16, 12 KB already 25 % less alone
+INLINE_MAX = 4096
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS records (
@@ -239,11 +235,12 @@ class RecordStore:
         if not rows:
             return 0
         conn.execute("BEGIN")
-        bases: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        bases: OrderedDict[str, bytes] = OrderedDict()
         for rid, session_id, seq, data in rows:
             message = "the proxy stopped before this call's reply was complete"
             try:
-                rec = orjson.loads(_whole(conn, self._payloads, rid, data, bases))
+                whole = _whole(conn, self._payloads, rid, data, bases)
+                rec = orjson.loads(whole) if isinstance(whole, bytes) else whole
             except StoreCorrupt as exc:  # a power loss took the placeholder's frame: what the row itself says
                 rec = {"id": rid, "session_id": session_id, "seq": seq, "dialect": ""}
                 message += f"; its placeholder is lost ({exc})"
@@ -388,11 +385,11 @@ class RecordStore:
         loop = next((lp for _, lp, _ in batch if lp is not None), None)
         if loop is None:
             self._deltas.forget(sessions)
-        else:
-            try:
-                loop.call_soon_threadsafe(self._deltas.forget, sessions)
-            except RuntimeError:  # loop closed
-                pass
+            return
+        try:
+            loop.call_soon_threadsafe(self._deltas.forget, sessions)
+        except RuntimeError:  # the loop is closed: nobody writes any more
+            pass
 
     @staticmethod
     def _apply(conn: sqlite3.Connection, op: tuple[Any, ...]) -> None:
@@ -429,7 +426,7 @@ class RecordStore:
     def get_record(self, record_id: str) -> CompletionRecord | None:
         conn = self._read()
         row = conn.execute("SELECT data FROM records WHERE id = ?", (record_id,)).fetchone()
-        return None if row is None else CompletionRecord.from_json(_whole(conn, self._payloads, record_id, row[0]))
+        return None if row is None else _records(conn, self._payloads, [(record_id, row[0])])[0]
 
     def list_records(
         self, session_id: str, *, after_seq: int = -1, limit: int = 100, include_pending: bool = False
@@ -441,8 +438,7 @@ class RecordStore:
         sql += " ORDER BY seq LIMIT ?"
         conn = self._read()
         rows = conn.execute(sql, (session_id, after_seq, limit)).fetchall()
-        bases: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        return [CompletionRecord.from_json(_whole(conn, self._payloads, rid, data, bases)) for rid, data in rows]
+        return _records(conn, self._payloads, rows)
 
     def list_records_raw(self, session_id: str, *, after_seq: int = -1, limit: int = 100) -> list[bytes]:
         """Like `list_records` but the stored compact JSON, unparsed (for the HTTP API)."""
@@ -451,8 +447,9 @@ class RecordStore:
             "SELECT id, data FROM records WHERE session_id = ? AND seq > ? AND state = 'done' ORDER BY seq LIMIT ?",
             (session_id, after_seq, limit),
         ).fetchall()
-        bases: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        return [_whole(conn, self._payloads, rid, data, bases) for rid, data in rows]
+        bases: OrderedDict[str, bytes] = OrderedDict()
+        whole = [_whole(conn, self._payloads, rid, data, bases) for rid, data in rows]
+        return [w if isinstance(w, bytes) else orjson.dumps(w) for w in whole]
 
     def session_stats(self, session_id: str) -> dict[str, int]:
         """`{records, failed, next_seq}` for a session (next_seq continues numbering after a restart)."""
@@ -496,8 +493,7 @@ def read_records(
         else:
             sql = f"SELECT id, data FROM records WHERE id = ?{state}"
             rows = [row for rid in ids if (row := conn.execute(sql, (rid,)).fetchone()) is not None]
-        bases: OrderedDict[str, dict[str, Any]] = OrderedDict()
-        return [CompletionRecord.from_json(_whole(conn, payloads, rid, data, bases)) for rid, data in rows]
+        return _records(conn, payloads, rows)
     finally:
         conn.close()
         payloads.close()
@@ -559,31 +555,39 @@ def record_dict(rec: CompletionRecord, *, pending: bool = False) -> dict[str, An
 
 def _whole_op(op: tuple[Any, ...]) -> tuple[Any, ...]:
     """A record op written whole (its delta's base was lost with a failed batch)."""
-    data = record_bytes(op[8], pending=op[4] == "pending")
-    return (*op[:6], data, op[7], op[8], None)
+    return (*op[:6], record_bytes(op[8], pending=op[4] == "pending"), *op[7:9], None)
 
 
 def _whole(
-    conn: sqlite3.Connection,
-    payloads: PayloadFile,
-    rid: str,
-    data: bytes,
-    bases: OrderedDict[str, dict[str, Any]] | None = None,
-) -> bytes:
-    """A row's record JSON, whole: its payload frame read, and a session delta resolved against its base
-    (`proxy/deltas.py`); `bases` keeps the last few parsed bases across the rows of one read."""
-    raw = payloads.resolve(rid, data)
-    if not is_delta(raw):
-        return raw
+    conn: sqlite3.Connection, payloads: PayloadFile, rid: str, data: bytes, bases: OrderedDict[str, bytes]
+) -> bytes | dict[str, Any]:
+    """A row's record, whole: its stored JSON, or a session delta resolved against its base (`proxy/deltas.py`)
+    and parsed; `bases` keeps the last few bases across the rows of one read."""
+    stored = payloads.resolve(rid, data)
+    if not is_delta(stored):
+        return stored
 
     def fetch(bid: str) -> bytes | None:
         row = conn.execute("SELECT data FROM records WHERE id = ?", (bid,)).fetchone()
         return None if row is None else payloads.resolve(bid, row[0])
 
     try:
-        return resolve(raw, fetch, OrderedDict() if bases is None else bases)
+        return resolve(stored, fetch, bases)
     except DeltaError as exc:
         raise StoreCorrupt(f"record {rid}: a session delta that cannot be resolved: {exc}") from exc
+
+
+def _records(
+    conn: sqlite3.Connection, payloads: PayloadFile, rows: Iterable[tuple[str, bytes]]
+) -> list[CompletionRecord]:
+    bases: OrderedDict[str, bytes] = OrderedDict()
+    out = []
+    for rid, data in rows:
+        whole = _whole(conn, payloads, rid, data, bases)
+        out.append(
+            CompletionRecord.from_json(whole) if isinstance(whole, bytes) else CompletionRecord.from_dict(whole)
+        )
+    return out
 
 
 def _resolve(fut: asyncio.Future[None], error: BaseException | None) -> None:
