@@ -31,9 +31,12 @@ Columns:
 A `deltas` row's cells carry their ratio to the `whole` row's in parentheses.
 
     .venv/bin/python benchmarks/session_store.py [--quick] [--calls 50] [--start 7000] [--end 30000] [--answer 512]
-        [--sessions 8] [--batch N] [--repeat 3] [--dir DIR]
+        [--sessions 8] [--batch N] [--repeat 3] [--dir DIR] [--replay RUN_DIR ...]
 
-`--quick`: 20 calls a session, 4 sessions, 2 repeats (unless given).
+`--quick`: 20 calls a session, 4 sessions, 2 repeats (unless given). `--replay RUN_DIR` (repeatable) measures real
+sessions instead of the synthetic one: the records of an existing store (e.g. `runs/demo` after `make demo`: real
+CLIs on vLLM), committed again in the order they arrived, one at a time, into both stores, then read back and checked
+the same way; one row pair per store and harness (the session id's second dot-separated part, else its dialect).
 """
 
 from __future__ import annotations
@@ -304,6 +307,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--repeat", type=int, default=None, help="runs per case, least CPU reported (default 3; --quick 2)"
     )
     ap.add_argument("--dir", type=Path, default=None, help="where the stores go (default: a temporary directory)")
+    ap.add_argument(
+        "--replay", type=Path, action="append", default=[], metavar="RUN_DIR", help="real sessions: an existing store"
+    )
     args = ap.parse_args(argv)
     quick = args.quick
     args.calls = args.calls or (20 if quick else 50)
@@ -315,8 +321,61 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def harness_of(rec: CompletionRecord) -> str:
+    """A record's harness, as the rollout service names sessions (`<task>.<harness>.s<i>.a<j>`), else its dialect."""
+    parts = rec.session_id.split(".")
+    return parts[1] if len(parts) >= 3 else rec.dialect
+
+
+def replay(args: argparse.Namespace) -> int:
+    """`--replay`: real sessions from existing stores, whole vs deltas (module docstring)."""
+    root = Path(tempfile.mkdtemp(prefix="session_store_", dir=args.dir))
+    rows: list[list[Any]] = []
+    try:
+        for run_dir in args.replay:
+            by: dict[str, list[CompletionRecord]] = {}
+            for r in sorted(read_records(run_dir), key=lambda r: (r.arrived_at or 0.0, r.session_id, r.seq)):
+                by.setdefault(harness_of(r), []).append(r)
+            for harness, recs in sorted(by.items()):
+                n_sessions = len({r.session_id for r in recs})
+                runs: dict[bool, list[Result]] = {False: [], True: []}
+                for rep in range(args.repeat):
+                    for deltas in (False, True) if rep % 2 == 0 else (True, False):
+                        case = root / f"{harness}-{rep}-{deltas}"
+                        runs[deltas].append(run_case(case, recs, 1, False, deltas))
+                        shutil.rmtree(case)
+                label = f"{run_dir.name}: {harness}, {n_sessions} sessions, {len(recs)} calls"
+                rows += rows_for(label, "final", n_sessions, len(recs), best(runs[False]), best(runs[True]))
+    except Mismatch as exc:
+        print(f"session_store.py: a record read back differs from the one committed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    table(
+        f"Real sessions re-committed, whole records vs session deltas (one at a time, in arrival order; least CPU of "
+        f"{args.repeat} runs; same run)",
+        [
+            "store",
+            "writes",
+            "store",
+            "delta recs",
+            "MB/session",
+            "KB/call",
+            "commit us",
+            "loop us",
+            "list us",
+            "get us",
+            "ids us",
+        ],
+        rows,
+    )
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.replay:
+        return replay(args)
     root = Path(tempfile.mkdtemp(prefix="session_store_", dir=args.dir))
     rows: list[list[Any]] = []
     shape: list[list[Any]] = []

@@ -21,11 +21,13 @@ A delta always refers to a record written whole, never to another delta, so a re
 A record is written whole, and becomes a key, when its prompt extends none of its session's keys (a new chain, a
 compacted context) or has grown past a quarter of its key's ids since (`REKEY`, the key replaced): a 50-call session
 then writes ≈ 5 whole records, and its deltas stay a fraction of a whole one. A stream's placeholder (no ids yet) is
-cut against the key a final record extended last, and never becomes a key, nor does a failed call or a record of
-fewer than `MIN_KEY_IDS` prompt ids. Lists are compared as `orjson` bytes, not with `==` (for which
-`1 == 1.0 == True`), so what a reader gets back is the JSON that was committed. A prompt that extends no key costs
-one failed prefix comparison of the stored ids (no decoding); a key's lists are parsed the first time a record
-extends it. The keys hold at most `KEYS_MAX_BYTES` (256 MiB; least recently used sessions dropped first), and a
+cut against the key its session used last, and never becomes a key, nor does a failed call or a record of fewer
+than `MIN_KEY_IDS` prompt ids. Lists are compared as JSON (`_arrays.same_json`, or their `orjson` bytes without the
+C module), not with `==` (for which `1 == 1.0 == True`), so a reader gets back the JSON that was committed. A key
+holds copies of its record's lists (not their items, which nothing changes after the commit: the proxy builds every
+request's objects anew) and its ids' stored form up to a multiple of 3 ids: a record's ids are matched, cut and put
+back together as base64 text, never decoded, and a prompt that extends no key costs one failed prefix comparison.
+The keys hold about `KEYS_MAX_BYTES` at most (256 MiB; least recently used sessions dropped first), and a
 closed session's are let go (`RecordStore.session_ended`).
 
 Every read path of `nemo_polar.proxy.store` resolves deltas (`resolve`): readers only ever see whole records. A key
@@ -75,24 +77,8 @@ class _Key:
     record_id: str
     n_bytes: int  # its prompt ids' packed size (4 per id)
     head: str  # the stored form of its ids ("b64:i32:..."), cut after a multiple of 3 ids (`_key`)
-    json: bytes | None  # its stored JSON, until a later record extends its ids (then `lists`)
-    lists: dict[tuple[str, str], list[Any]] | None = None  # (field, name) -> the list, parsed from `json`
-    size: int = 0  # what it holds, at most (`SessionDeltas.held`)
-
-    def cut_lists(self) -> dict[tuple[str, str], list[Any]]:
-        """The key's top-level lists, parsed from its JSON the first time a record extends it (most keys, on a
-        proxy serving independent calls, never are): objects of this key's own, which nothing else holds."""
-        if self.lists is None:
-            whole = orjson.loads(self.json or b"{}")
-            self.lists = {}
-            for field in _LIST_FIELDS:
-                value = whole.get(field)
-                if isinstance(value, dict):
-                    for name, items in value.items():
-                        if isinstance(items, list) and items:
-                            self.lists[(field, name)] = items
-            self.json = None
-        return self.lists
+    lists: dict[tuple[str, str], list[Any]]  # (field, name) -> a copy of the list (its items the record's own)
+    size: int = 0  # about what it holds (`SessionDeltas.held`): its stored JSON's size
 
 
 def _same_json_bytes(a: Any, b: Any) -> bool:
@@ -111,14 +97,21 @@ def _b64_size(stored: str) -> int:
     return body // 4 * 3 - (stored.endswith("=") + stored.endswith("=="))
 
 
-def _key(record_id: str, stored: str, n_bytes: int, whole: bytes) -> _Key:
+def _key(record_id: str, stored: str, n_bytes: int, out: dict[str, Any], size: int) -> _Key:
     """A key whose ids are matched up to a multiple of 3 ids: 12 bytes, 16 base64 characters. The stored form of
     those ids is then a prefix of any stored array that starts with them, and what follows it is the stored form of
     the rest; so a record is matched, cut and put back together in its base64, never decoded (a key's last 1-2 ids
-    go into each delta's tail)."""
-    key = _Key(record_id, n_bytes, stored[: len(_I32) + n_bytes // 12 * 16], whole)
-    key.size = len(key.head) + len(whole)  # its lists, parsed later from `whole`, are smaller than `whole`
-    return key
+    go into each delta's tail). Its lists are copied (a list the caller appends to later does not change the key);
+    their items are the committed record's, which nothing changes after its commit (the proxy builds each request's
+    objects anew)."""
+    lists = {}
+    for field in _LIST_FIELDS:
+        value = out.get(field)
+        if isinstance(value, dict):
+            for name, items in value.items():
+                if isinstance(items, list) and items:
+                    lists[(field, name)] = list(items)
+    return _Key(record_id, n_bytes, stored[: len(_I32) + n_bytes // 12 * 16], lists, size)
 
 
 def _after(key: _Key, stored: str) -> str | None:
@@ -165,7 +158,7 @@ class SessionDeltas:
                     if key is not None:  # grown past its key: this record takes the key's place
                         keys.remove(key)
                         self.held -= key.size
-                    new = _key(rec.id, stored_ids, n_bytes, whole)
+                    new = _key(rec.id, stored_ids, n_bytes, out, len(stored_ids) + len(whole))
                     keys = self._keys.setdefault(sid, keys)
                     keys.insert(0, new)
                     self.held += new.size - sum(k.size for k in keys[KEYS_PER_SESSION:])
@@ -173,15 +166,15 @@ class SessionDeltas:
                     while self.held > self.max_bytes and len(self._keys) > 1:
                         self.held -= sum(k.size for k in self._keys.popitem(last=False)[1])
                 return whole, None
-        elif key is None:  # a placeholder (no ids yet): against the key a final record extended last, if any
-            key = next((k for k in keys if k.lists is not None), None)
+        elif key is None:  # a placeholder (no ids yet): against the key its session used last, if any
+            key = keys[0] if keys else None
             if key is None:
                 return orjson.dumps(out), None
         assert key is not None
         if keys[0] is not key:
             keys.remove(key)
             keys.insert(0, key)
-        key_lists = key.cut_lists()
+        key_lists = key.lists
         lists: dict[str, dict[str, int]] = {}
         for field in _LIST_FIELDS:
             value = out.get(field)
