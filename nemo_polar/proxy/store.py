@@ -275,9 +275,10 @@ class RecordStore:
     def _record_op(self, record: CompletionRecord, state: str, *, update: bool = False) -> tuple[Any, ...]:
         # serialised here, on the caller's thread: the writer thread then only runs SQL (which releases the GIL)
         pending = state == "pending"
-        out, base = record_dict(record, pending=pending), None
-        data = orjson.dumps(out) if self._deltas is None else None
-        if data is None and self._deltas is not None:
+        out = record_dict(record, pending=pending)
+        if self._deltas is None:
+            data, base = orjson.dumps(out), None
+        else:
             data, base = self._deltas.encode(out, record, pending=pending)
         failed = 0 if record.error is None else 1
         return ("record", record.id, record.session_id, record.seq, state, failed, data, update, record, base)
