@@ -252,11 +252,11 @@ def resolve(raw: bytes, fetch: Callable[[str], bytes | None], bases: OrderedDict
             out["prompt_token_ids"] = _join_ids(base["prompt_token_ids"], n_ids, out["prompt_token_ids"])
         for field, names in meta["lists"].items():
             for name, n in names.items():
-                items = base[field][name]
-                if not isinstance(items, list) or len(items) < n:
-                    raise DeltaError(f"its base's {field}.{name} has fewer than {n} items")
+                items, rest = base[field][name], out[field][name]
+                if not isinstance(items, list) or len(items) < n or not isinstance(rest, list):
+                    raise DeltaError(f"its base's {field}.{name} has fewer than {n} items, or its own is no list")
                 del items[n:]
-                items += out[field][name]
+                items += rest
                 out[field][name] = items
     except DeltaError:
         raise
