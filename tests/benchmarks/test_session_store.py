@@ -116,3 +116,35 @@ def test_main_fails_on_a_record_read_back_changed(
     assert session_store.main(argv) == 1
     err = capsys.readouterr().err
     assert "read_records(ids=...): record" in err and "differs from the one committed in original_request" in err
+
+
+def test_replay_recommits_a_stores_sessions_per_harness(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], sessions: dict[bool, list[list[session_store.CompletionRecord]]]
+) -> None:
+    """`--replay RUN_DIR`: an existing store's records, grouped by harness (the rollout service's session names),
+    committed again through both stores and read back checked."""
+    import asyncio
+
+    from nemo_polar.proxy.store import RecordStore
+
+    import dataclasses
+
+    def named(r: session_store.CompletionRecord) -> session_store.CompletionRecord:
+        harness = "pi" if r.session_id.endswith("0") else "qwen_code"
+        return dataclasses.replace(r, session_id=f"median.{harness}.{r.session_id}.a0")
+
+    recs = [named(r) for s in sessions[False] for r in s]  # copies: the fixture is shared
+    store = RecordStore(tmp_path / "run").open()
+
+    async def fill() -> None:
+        for r in recs:
+            await store.commit(r)
+
+    asyncio.run(fill())
+    store.close()
+    argv = ["--replay", str(tmp_path / "run"), "--repeat", "1", "--dir", str(tmp_path)]
+    assert session_store.main(argv) == 0
+    out = capsys.readouterr().out
+    for harness in ("pi", "qwen_code"):
+        assert f"| run: {harness}, 1 sessions, {CALLS} calls | final | deltas |" in out
+    assert session_store.harness_of(recs[0]) == "pi" and session_store.harness_of(sessions[True][0][0]) == "openai_chat"
