@@ -119,15 +119,16 @@ def test_main_fails_on_a_record_read_back_changed(
 
 
 def test_replay_recommits_a_stores_sessions_per_harness(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str], sessions: dict[bool, list[list[session_store.CompletionRecord]]]
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    sessions: dict[bool, list[list[session_store.CompletionRecord]]],
 ) -> None:
     """`--replay RUN_DIR`: an existing store's records, grouped by harness (the rollout service's session names),
     committed again through both stores and read back checked."""
     import asyncio
+    import dataclasses
 
     from nemo_polar.proxy.store import RecordStore
-
-    import dataclasses
 
     def named(r: session_store.CompletionRecord) -> session_store.CompletionRecord:
         harness = "pi" if r.session_id.endswith("0") else "qwen_code"
@@ -147,4 +148,6 @@ def test_replay_recommits_a_stores_sessions_per_harness(
     out = capsys.readouterr().out
     for harness in ("pi", "qwen_code"):
         assert f"| run: {harness}, 1 sessions, {CALLS} calls | final | deltas |" in out
-    assert session_store.harness_of(recs[0]) == "pi" and session_store.harness_of(sessions[True][0][0]) == "openai_chat"
+    assert (
+        session_store.harness_of(recs[0]) == "pi" and session_store.harness_of(sessions[True][0][0]) == "openai_chat"
+    )
