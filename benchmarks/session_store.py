@@ -57,13 +57,26 @@ import _path  # noqa: F401  (the repository root)
 import orjson
 from _tables import note, table
 from peers import mix_bodies
-from store_cost import admitted, cpu_s
+from store_cost import admitted, bench_record, cpu_s
 
 from nemo_polar.proxy.dialects import openai_chat
 from nemo_polar.proxy.normalized import RouteMatch
 from nemo_polar.proxy.store import DB_NAME, PAYLOADS_NAME, RecordStore, read_records, record_bytes
 from nemo_polar.types import CompletionRecord
 
+# the result tables' columns after the first (what the rows are of)
+COLUMNS = (
+    "writes",
+    "store",
+    "delta recs",
+    "MB/session",
+    "KB/call",
+    "commit us",
+    "loop us",
+    "list us",
+    "get us",
+    "ids us",
+)
 MIN_TAIL = 32  # new prompt ids a call adds at least besides the last answer (the tool result and the template)
 CHARS_PER_TOKEN = 4  # text per token (as `peers.mix_bodies` sizes its prompts)
 WORDS = "the parser reads each line of the input file and the failing test expects an empty list here ".split()
@@ -110,35 +123,10 @@ def session_records(
                 "arguments": orjson.dumps({"path": "/repo", "content": f"pytest -q tests/test_{i}.py"}).decode(),
             },
         }
-        now = time.time()
-        out.append(
-            CompletionRecord(
-                id=f"{seed:04x}{session:04x}{i:024x}",
-                session_id=f"sess-{seed}-{session}",
-                seq=i,
-                dialect="openai_chat",
-                arrived_at=now,
-                first_byte_at=now + 0.01,
-                finished_at=now + 0.2,
-                original_request=body,
-                request={**request, "sampling": {"temperature": 0.0, "max_tokens": answer}},
-                response={"content": _text(rng, answer), "reasoning": None, "tool_calls": [tool_call]},
-                finish_reason="tool_calls",
-                prompt_token_ids=list(prompt),
-                generation_token_ids=[rng.randrange(151_000) for _ in range(answer)],
-                generation_log_probs=[-rng.random() * 3 for _ in range(answer)],
-                requested_model="bench-model",
-                served_model="bench-model",
-                policy_version=0,
-                upstream={
-                    "endpoint": "http://127.0.0.1:8000",
-                    "sent_at": now,
-                    "first_byte_at": now + 0.01,
-                    "finished_at": now + 0.2,
-                    "usage": {"prompt_tokens": len(prompt), "completion_tokens": answer},
-                },
-            )
-        )
+        response = {"content": _text(rng, answer), "reasoning": None, "tool_calls": [tool_call]}
+        rid = f"{seed:04x}{session:04x}{i:024x}"
+        sid = f"sess-{seed}-{session}"
+        out.append(bench_record(rid, sid, i, body, request, response, "tool_calls", list(prompt), answer, rng))
     return out
 
 
@@ -272,6 +260,17 @@ def best(runs: list[Result]) -> Result:
     )
 
 
+def both(where: Path, recs: list[CompletionRecord], batch: int, stream: bool, repeat: int) -> tuple[Result, Result]:
+    """`run_case` with whole records and with deltas, `repeat` times each, the order alternated; the best of each."""
+    runs: dict[bool, list[Result]] = {False: [], True: []}
+    for rep in range(repeat):
+        for deltas in (False, True) if rep % 2 == 0 else (True, False):
+            case = where.with_name(f"{where.name}-{rep}-{deltas}")
+            runs[deltas].append(run_case(case, recs, batch, stream, deltas))
+            shutil.rmtree(case)
+    return best(runs[False]), best(runs[True])
+
+
 def rows_for(label: str, writes: str, n_sessions: int, n_calls: int, whole: Result, deltas: Result) -> list[list[Any]]:
     """The two table rows of one case (`deltas` with its ratios to `whole`)."""
 
@@ -327,95 +326,56 @@ def harness_of(rec: CompletionRecord) -> str:
     return parts[1] if len(parts) >= 3 else rec.dialect
 
 
-def replay(args: argparse.Namespace) -> int:
+def replay(args: argparse.Namespace, root: Path) -> None:
     """`--replay`: real sessions from existing stores, whole vs deltas (module docstring)."""
-    root = Path(tempfile.mkdtemp(prefix="session_store_", dir=args.dir))
     rows: list[list[Any]] = []
-    try:
-        for run_dir in args.replay:
-            by: dict[str, list[CompletionRecord]] = {}
-            for r in sorted(read_records(run_dir), key=lambda r: (r.arrived_at or 0.0, r.session_id, r.seq)):
-                by.setdefault(harness_of(r), []).append(r)
-            for harness, recs in sorted(by.items()):
-                n_sessions = len({r.session_id for r in recs})
-                runs: dict[bool, list[Result]] = {False: [], True: []}
-                for rep in range(args.repeat):
-                    for deltas in (False, True) if rep % 2 == 0 else (True, False):
-                        case = root / f"{harness}-{rep}-{deltas}"
-                        runs[deltas].append(run_case(case, recs, 1, False, deltas))
-                        shutil.rmtree(case)
-                label = f"{run_dir.name}: {harness}, {n_sessions} sessions, {len(recs)} calls"
-                rows += rows_for(label, "final", n_sessions, len(recs), best(runs[False]), best(runs[True]))
-    except Mismatch as exc:
-        print(f"session_store.py: a record read back differs from the one committed: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    for run_dir in args.replay:
+        by: dict[str, list[CompletionRecord]] = {}
+        for r in sorted(read_records(run_dir), key=lambda r: (r.arrived_at or 0.0, r.session_id, r.seq)):
+            by.setdefault(harness_of(r), []).append(r)
+        for harness, recs in sorted(by.items()):
+            n_sessions = len({r.session_id for r in recs})
+            whole, deltas = both(root / harness, recs, 1, False, args.repeat)
+            label = f"{run_dir.name}: {harness}, {n_sessions} sessions, {len(recs)} calls"
+            rows += rows_for(label, "final", n_sessions, len(recs), whole, deltas)
     table(
         f"Real sessions re-committed, whole records vs session deltas (one at a time, in arrival order; least CPU of "
         f"{args.repeat} runs; same run)",
-        [
-            "store",
-            "writes",
-            "store",
-            "delta recs",
-            "MB/session",
-            "KB/call",
-            "commit us",
-            "loop us",
-            "list us",
-            "get us",
-            "ids us",
-        ],
+        ["run: harness", *COLUMNS],
         rows,
     )
-    return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.replay:
-        return replay(args)
-    root = Path(tempfile.mkdtemp(prefix="session_store_", dir=args.dir))
+def synthetic(args: argparse.Namespace, root: Path) -> None:
+    """The synthetic sessions, whole vs deltas (module docstring)."""
     rows: list[list[Any]] = []
     shape: list[list[Any]] = []
-    try:
-        for stream in (False, True):
-            writes = "pending+final" if stream else "final"
-            built = [
-                session_records(s, args.calls, args.start, args.end, args.answer, stream) for s in range(args.sessions)
+    for stream in (False, True):
+        writes = "pending+final" if stream else "final"
+        built = [
+            session_records(s, args.calls, args.start, args.end, args.answer, stream) for s in range(args.sessions)
+        ]
+        one = built[0]
+        sizes = [len(record_bytes(r)) for r in one]
+        shape.append(
+            [
+                writes,
+                args.calls,
+                f"{len(one[0].prompt_token_ids):,} → {len(one[-1].prompt_token_ids):,}",
+                f"{sizes[0] / 1e3:,.0f} → {sizes[-1] / 1e3:,.0f}",
+                f"{sum(sizes) / 1e6:,.2f}",
             ]
-            one = built[0]
-            sizes = [len(record_bytes(r)) for r in one]
-            shape.append(
-                [
-                    writes,
-                    args.calls,
-                    f"{len(one[0].prompt_token_ids):,} → {len(one[-1].prompt_token_ids):,}",
-                    f"{sizes[0] / 1e3:,.0f} → {sizes[-1] / 1e3:,.0f}",
-                    f"{sum(sizes) / 1e6:,.2f}",
-                ]
-            )
-            cases = [
-                (f"{args.sessions} sessions, batch {args.batch}", interleave(built), args.batch, args.sessions),
-                ("1 session, batch 1", one, 1, 1),
-            ]
-            for label, recs, batch, n_sessions in cases:
-                runs: dict[bool, list[Result]] = {False: [], True: []}
-                for rep in range(args.repeat):
-                    for deltas in (False, True) if rep % 2 == 0 else (True, False):
-                        case = root / f"{stream}-{n_sessions}-{rep}-{deltas}"
-                        runs[deltas].append(run_case(case, recs, batch, stream, deltas))
-                        shutil.rmtree(case)
-                rows += rows_for(label, writes, n_sessions, len(recs), best(runs[False]), best(runs[True]))
-                for row in rows[-2:]:
-                    print(" | ".join(map(str, row)), file=sys.stderr, flush=True)
-            del built, cases
-    except Mismatch as exc:
-        print(f"session_store.py: a record read back differs from the one committed: {exc}", file=sys.stderr)
-        return 1
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+        )
+        cases = [
+            (f"{args.sessions} sessions, batch {args.batch}", interleave(built), args.batch, args.sessions),
+            ("1 session, batch 1", one, 1, 1),
+        ]
+        for label, recs, batch, n_sessions in cases:
+            whole, deltas = both(root / f"{stream}-{n_sessions}", recs, batch, stream, args.repeat)
+            rows += rows_for(label, writes, n_sessions, len(recs), whole, deltas)
+            for row in rows[-2:]:
+                print(" | ".join(map(str, row)), file=sys.stderr, flush=True)
+        del built, cases
     table(
         "The synthetic agent session (one session; records as the proxy builds them)",
         ["writes", "calls", "prompt tokens", "whole record KB", "record_bytes per session, MB"],
@@ -424,19 +384,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     table(
         f"Record store per session, whole records vs session deltas ({args.calls} calls a session; least CPU of "
         f"{args.repeat} runs; same run)",
-        [
-            "sessions",
-            "writes",
-            "store",
-            "delta recs",
-            "MB/session",
-            "KB/call",
-            "commit us",
-            "loop us",
-            "list us",
-            "get us",
-            "ids us",
-        ],
+        ["sessions", *COLUMNS],
         rows,
     )
     note(
@@ -445,6 +393,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         "by list_records, get_record, read_records(ids=...). Every record read back by all three paths was checked "
         "against the committed one. deltas rows: (deltas/whole)."
     )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    root = Path(tempfile.mkdtemp(prefix="session_store_", dir=args.dir))
+    try:
+        (replay if args.replay else synthetic)(args, root)
+    except Mismatch as exc:
+        print(f"session_store.py: a record read back differs from the one committed: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
     return 0
 
 

@@ -90,43 +90,70 @@ def cpu_s() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
+def bench_record(
+    rid: str,
+    session_id: str,
+    seq: int,
+    body: dict[str, Any],
+    request: dict[str, Any],
+    response: dict[str, Any],
+    finish: str,
+    prompt_ids: list[int],
+    answer_tokens: int,
+    rng: random.Random,
+) -> CompletionRecord:
+    """One record as `recording.open_record` + `completed` fill it: `body` the caller's request, `request` its
+    normalised form (the sampling added here), random generation ids and logprobs, an `upstream` block."""
+    now = time.time()
+    return CompletionRecord(
+        id=rid,
+        session_id=session_id,
+        seq=seq,
+        dialect="openai_chat",
+        arrived_at=now,
+        first_byte_at=now + 0.01,
+        finished_at=now + 0.2,
+        original_request=body,
+        request={**request, "sampling": {"temperature": 0.0, "max_tokens": answer_tokens}},
+        response=response,
+        finish_reason=finish,
+        prompt_token_ids=prompt_ids,
+        generation_token_ids=[rng.randrange(151_000) for _ in range(answer_tokens)],
+        generation_log_probs=[-rng.random() * 3 for _ in range(answer_tokens)],
+        requested_model="bench-model",
+        served_model="bench-model",
+        policy_version=0,
+        upstream={
+            "endpoint": "http://127.0.0.1:8000",
+            "sent_at": now,
+            "first_byte_at": now + 0.01,
+            "finished_at": now + 0.2,
+            "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": answer_tokens},
+        },
+    )
+
+
 def make_records(prompt_tokens: int, answer_tokens: int, n: int, seed: int = 0) -> list[CompletionRecord]:
     """`n` records of one size, as `recording.open_record` + `completed` fill them, each in its own session."""
     rng = random.Random(seed)
     body = mix_bodies("bench-model", [(prompt_tokens, answer_tokens, True)])[0]
     request = openai_chat.parse_request(body, RouteMatch("chat_completions")).normalized_dict()
-    out = []
-    for i in range(n):
-        now = time.time()
-        out.append(
-            CompletionRecord(
-                id=f"{seed:08x}{i:024x}",
-                session_id=f"sess-{seed}-{i}",
-                seq=i,
-                dialect="openai_chat",
-                arrived_at=now,
-                first_byte_at=now + 0.01,
-                finished_at=now + 0.2,
-                original_request=body,
-                request={**request, "sampling": {"temperature": 0.0, "max_tokens": answer_tokens}},
-                response={"content": "word " * answer_tokens, "reasoning": None, "tool_calls": []},
-                finish_reason="stop",
-                prompt_token_ids=[rng.randrange(151_000) for _ in range(prompt_tokens)],
-                generation_token_ids=[rng.randrange(151_000) for _ in range(answer_tokens)],
-                generation_log_probs=[-rng.random() * 3 for _ in range(answer_tokens)],
-                requested_model="bench-model",
-                served_model="bench-model",
-                policy_version=0,
-                upstream={
-                    "endpoint": "http://127.0.0.1:8000",
-                    "sent_at": now,
-                    "first_byte_at": now + 0.01,
-                    "finished_at": now + 0.2,
-                    "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": answer_tokens},
-                },
-            )
+    response = {"content": "word " * answer_tokens, "reasoning": None, "tool_calls": []}
+    return [
+        bench_record(
+            f"{seed:08x}{i:024x}",
+            f"sess-{seed}-{i}",
+            i,
+            body,
+            request,
+            response,
+            "stop",
+            [rng.randrange(151_000) for _ in range(prompt_tokens)],
+            answer_tokens,
+            rng,
         )
-    return out
+        for i in range(n)
+    ]
 
 
 def admitted(rec: CompletionRecord) -> CompletionRecord:
