@@ -45,6 +45,8 @@ from typing import Any
 
 import orjson
 
+from nemo_polar.errors import PolarError
+
 __all__ = [
     "BASES_KEPT",
     "DELTA_TAG",
@@ -68,7 +70,7 @@ _LIST_FIELDS = ("original_request", "request")
 _I32 = "b64:i32:"
 
 
-class DeltaError(ValueError):
+class DeltaError(PolarError, ValueError):
     """A delta that cannot be resolved against its base (the store reports it as `StoreCorrupt`)."""
 
 
