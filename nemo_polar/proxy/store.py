@@ -582,13 +582,8 @@ def _records(
     conn: sqlite3.Connection, payloads: PayloadFile, rows: Iterable[tuple[str, bytes]]
 ) -> list[CompletionRecord]:
     bases: OrderedDict[str, bytes] = OrderedDict()
-    out = []
-    for rid, data in rows:
-        whole = _whole(conn, payloads, rid, data, bases)
-        out.append(
-            CompletionRecord.from_json(whole) if isinstance(whole, bytes) else CompletionRecord.from_dict(whole)
-        )
-    return out
+    wholes = (_whole(conn, payloads, rid, data, bases) for rid, data in rows)
+    return [CompletionRecord.from_json(w) if isinstance(w, bytes) else CompletionRecord.from_dict(w) for w in wholes]
 
 
 def _resolve(fut: asyncio.Future[None], error: BaseException | None) -> None:
