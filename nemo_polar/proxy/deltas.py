@@ -37,7 +37,6 @@ lost with a batch that failed to commit is forgotten, and an already serialised 
 
 from __future__ import annotations
 
-import base64
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -46,6 +45,7 @@ from typing import Any
 import orjson
 
 from nemo_polar.errors import PolarError
+from nemo_polar.types import decode_array, encode_array
 
 __all__ = [
     "BASES_KEPT",
@@ -220,8 +220,7 @@ def _join_ids(base: Any, n_ids: int, tail: Any) -> str:
         raise DeltaError(f"its base has {_b64_size(base) // 4} prompt ids, the delta keeps {n_ids}")
     if n_ids % 3 == 0:  # as written: a whole number of base64 groups, joined as text
         return base[: len(_I32) + n_ids // 3 * 16] + tail[len(_I32) :]
-    kept = base64.b64decode(base[len(_I32) :])[: 4 * n_ids]
-    return _I32 + base64.b64encode(kept + base64.b64decode(tail[len(_I32) :])).decode("ascii")
+    return encode_array(decode_array(base)[:n_ids] + decode_array(tail), "i32")  # any other count: through the ids
 
 
 def is_delta(raw: bytes) -> bool:
