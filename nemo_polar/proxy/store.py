@@ -60,7 +60,7 @@ from typing import Any
 import orjson
 
 from nemo_polar.errors import PolarError
-from nemo_polar.proxy.deltas import DeltaError, SessionDeltas, is_delta, resolve
+from nemo_polar.proxy.deltas import DeltaError, SessionDeltas, is_delta, resolve, share_request, stored_json
 from nemo_polar.proxy.payloads import PayloadFile, StoreCorrupt
 from nemo_polar.types import CompletionRecord, TokenIds, encode_array
 
@@ -276,10 +276,11 @@ class RecordStore:
         # serialised here, on the caller's thread: the writer thread then only runs SQL (which releases the GIL)
         pending = state == "pending"
         out = record_dict(record, pending=pending)
+        shared = share_request(out)  # the request's lists that are the caller's, written once (proxy/deltas.py)
         if self._deltas is None:
-            data, base = orjson.dumps(out), None
+            data, base = stored_json(out, shared), None
         else:
-            data, base = self._deltas.encode(out, record, pending=pending)
+            data, base = self._deltas.encode(out, record, pending=pending, shared=shared)
         failed = 0 if record.error is None else 1
         return ("record", record.id, record.session_id, record.seq, state, failed, data, update, record, base)
 

@@ -74,6 +74,11 @@ def stored(directory: Path) -> dict[str, bytes]:
         payloads.close()
 
 
+def base_of(raw: bytes) -> str | None:
+    """The record a stored row is a session delta of (None: written without one)."""
+    return orjson.loads(raw).get("_delta", {}).get("base") if deltas.is_delta(raw) else None
+
+
 def as_json(rec: CompletionRecord) -> dict:
     return orjson.loads(record_bytes(rec))
 
@@ -97,18 +102,18 @@ def test_growing_sessions_are_written_as_deltas_and_read_back_whole(tmp_path, st
     commit_all(store, recs, stream=stream)
     check_reads(store, tmp_path / "d", recs)
     rows = stored(tmp_path / "d")
-    as_deltas = {rid for rid, raw in rows.items() if deltas.is_delta(raw)}
+    as_deltas = {rid for rid, raw in rows.items() if base_of(raw) is not None}
     assert store.delta_records >= len(as_deltas) > len(recs) // 2
     for rid in as_deltas:  # a delta refers to a record written whole, of its own session, committed before it
-        base = orjson.loads(rows[rid])["_delta"]["base"]
-        assert not deltas.is_delta(rows[base])
+        base = base_of(rows[rid])
+        assert base is not None and base_of(rows[base]) is None
         assert base.split("-")[0] == rid.split("-")[0] and int(base.split("-")[1]) < int(rid.split("-")[1])
     store.close()
     check_reads(RecordStore(tmp_path / "d").open(), tmp_path / "d", recs)
 
     whole = RecordStore(tmp_path / "w", session_deltas=False).open()
     commit_all(whole, recs, stream=stream)
-    assert whole.delta_records == 0 and not any(deltas.is_delta(x) for x in stored(tmp_path / "w").values())
+    assert whole.delta_records == 0 and not any(base_of(x) for x in stored(tmp_path / "w").values())
     whole.close()
     size = {k: sum(p.stat().st_size for p in (tmp_path / k).iterdir()) for k in ("d", "w")}
     assert size["d"] < 0.6 * size["w"], size
@@ -147,9 +152,8 @@ def test_a_session_that_leaves_its_key_gets_a_new_one(tmp_path):
     store = RecordStore(tmp_path).open()
     commit_all(store, recs + big + [big[1]], stream=False)
     rows = stored(tmp_path)
-    assert not deltas.is_delta(rows["t-0"]) and deltas.is_delta(rows["t-1"])
-    assert orjson.loads(rows["t-1"])["_delta"]["base"] == "t-0"
-    assert not deltas.is_delta(rows["u-1"])
+    assert base_of(rows["t-0"]) is None and base_of(rows["t-1"]) == "t-0"
+    assert base_of(rows["u-1"]) is None
     check_reads(store, tmp_path, recs + big)
     store.close()
 
@@ -168,7 +172,7 @@ def test_a_failed_batch_takes_its_key_with_it(tmp_path, monkeypatch):
     assert delta_op[9] == recs[1].id
     store._lost.add(recs[1].id)  # as if the key's batch had failed after the delta was serialised
     store._write_batch(store._inline_conn, [(delta_op, None, asyncio.Future(loop=asyncio.new_event_loop()))])
-    assert not deltas.is_delta(stored(tmp_path)[recs[2].id])
+    assert base_of(stored(tmp_path)[recs[2].id]) is None
     assert as_json(store.get_record(recs[2].id)) == as_json(recs[2])  # type: ignore[arg-type]
     store.close()
 
@@ -195,7 +199,7 @@ def test_an_interrupted_delta_placeholder_is_recovered_whole(tmp_path):
         await store.put_pending(recs[2])
 
     asyncio.run(admit())
-    assert deltas.is_delta(stored(tmp_path)["s-2"])
+    assert base_of(stored(tmp_path)["s-2"]) == "s-0"  # the key its session used last
     store.close()  # the final record never came: a killed proxy's pending row
     again = RecordStore(tmp_path).open()
     rec = again.get_record("s-2")
@@ -255,3 +259,68 @@ def test_ids_are_put_back_together_for_any_number_kept(kept):
     assert decode_array(got["prompt_token_ids"]) == ids[:kept] + tail and got["id"] == "d" and "_delta" not in got
     with pytest.raises(deltas.DeltaError, match="keeps 301"):
         deltas.resolve(raw.replace(b'"ids":%d' % kept, b'"ids":301'), {"b": orjson.dumps(base)}.get, OrderedDict())
+
+
+@pytest.mark.parametrize("on", [True, False], ids=["session-deltas", "whole"])
+def test_a_request_list_that_is_the_callers_is_written_once(tmp_path, on):
+    """An OpenAI Chat call's normalised `messages` and `tools` are the caller's: written once, in `original_request`,
+    with `null` in their place and the header naming them; read back as their own objects, in their place. A list
+    that differs (a key's `tools` here, a delta's `messages` there, a `true` for a `1`) is written as it is."""
+    recs = session("s", 5)
+    recs[0].request["tools"] = [{"type": "function", "function": {"name": "other"}}]  # the key: messages only
+    recs[3].request["messages"][0] = {**recs[3].request["messages"][0], "flag": True}
+    recs[3].original_request["messages"][0] = {**recs[3].original_request["messages"][0], "flag": 1}
+    store = RecordStore(tmp_path, session_deltas=on).open()
+    commit_all(store, recs, stream=True)
+    rows = {rid: orjson.loads(raw) for rid, raw in stored(tmp_path).items()}
+    want = {"s-0": ["messages"], "s-1": ["messages", "tools"], "s-3": ["tools"]}
+    for rec in recs:
+        row = rows[rec.id]
+        same = want.get(rec.id, ["messages", "tools"])
+        assert row["_delta"]["same"] == same and all(row["request"][n] is None for n in same), rec.id
+        assert list(row["request"]) == list(rec.request)  # every member in its place
+        assert (base_of(stored(tmp_path)[rec.id]) is not None) is (on and rec.seq > 0)
+    check_reads(store, tmp_path, recs)
+    for rec in recs:
+        got = store.get_record(rec.id)
+        assert got is not None and list(got.request) == list(rec.request)
+        assert got.request["messages"] is not got.original_request["messages"]
+    full = len(record_bytes(recs[1]))
+    assert len(stored(tmp_path)["s-1"]) < full - len(orjson.dumps(recs[1].request["messages"]))
+    store.close()
+
+
+def test_nothing_else_is_shared_within_a_record(tmp_path):
+    """Only a non-empty list, under the same name, with the same JSON: a Responses call's `input` against the
+    normalised `messages`, an equal string and an empty list are written as they are."""
+    rec = session("s", 1)[0]
+    rec.original_request = {"input": rec.request["messages"], "instructions": "x", "tools": [], "m": [1]}
+    rec.request = {"messages": rec.request["messages"], "instructions": "x", "tools": [], "m": [1.0]}
+    store = RecordStore(tmp_path).open()
+    commit_all(store, [rec], stream=False)
+    assert not deltas.is_delta(stored(tmp_path)["s-0"])
+    check_reads(store, tmp_path, [rec])
+    store.close()
+
+
+@pytest.mark.parametrize(
+    ("edit", "match"),
+    [
+        (lambda row: row["request"].__setitem__("messages", []), "shared with original_request but holds"),
+        (lambda row: row["original_request"].pop("tools"), "KeyError"),
+    ],
+    ids=["value-in-place", "original-missing"],
+)
+def test_a_shared_list_that_cannot_be_put_back_is_store_corrupt(tmp_path, edit, match):
+    rec = session("s", 1)[0]
+    store = RecordStore(tmp_path, session_deltas=False).open()
+    commit_all(store, [rec], stream=False)
+    store.close()
+    row = orjson.loads(stored(tmp_path)["s-0"])
+    edit(row)
+    conn = sqlite3.connect(tmp_path / DB_NAME)
+    conn.execute("UPDATE records SET data = ? WHERE id = 's-0'", (orjson.dumps(row),))
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreCorrupt, match=rf"s-0.*{match}"):
+        read_records(tmp_path)
