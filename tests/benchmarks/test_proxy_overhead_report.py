@@ -168,3 +168,21 @@ def test_harness_sized_prompts_get_their_own_line_not_a_bar() -> None:
     # the whole mix's bars are untouched by the long rows
     assert "c=64: proxy CPU per request 0.90 ms vs the pass-through's 0.50 ms = **1.80×**" in verdict
     assert "harness-sized" not in po.mix_verdict(mix)
+
+
+def test_the_kernels_part_of_the_cpu_is_shown_when_measured() -> None:
+    """The system CPU of both (the page cache's part on this VM, docs/performance.md) is the median of the rounds,
+    printed beside each bar; rows without it (an older run's) print none."""
+    rounds = [_round(1.0, 0.5, 300, 900), _round(3.0, 0.5, 100, 1000), _round(1.2, 0.4, 400, 800)]
+    for rnd, (pol_sys, pt_sys) in zip(rounds, [(0.1, 0.05), (0.4, 0.02), (0.3, 0.04)], strict=True):
+        for r in rnd:
+            r["sys_ms_per_req"] = {"polar": pol_sys, "passthrough": pt_sys}.get(str(r["path"]))
+    rows = po.median_rows(rounds)
+    for r in rows:
+        r["interval"], r["requests"] = 1, "whole mix"
+    verdict = po.mix_verdict(rows)
+    assert verdict.count("(≤ 2×: NOT met) [system CPU of it: 0.30 vs 0.04 ms]") == 2  # c=1 and c=64
+    old = po.median_rows([_round(1.0, 0.5, 300, 900)])
+    for r in old:
+        r["interval"], r["requests"] = 1, "whole mix"
+    assert "system CPU" not in po.mix_verdict(old)
