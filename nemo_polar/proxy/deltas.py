@@ -31,13 +31,14 @@ The keys hold about `KEYS_MAX_BYTES` at most (256 MiB; least recently used sessi
 closed session's are let go (`RecordStore.session_ended`).
 
 Within one record too (`share_request`, whether or not session deltas are on): a list of the normalised `request`
-that is the caller's `original_request`'s under the same name, as JSON (an OpenAI Chat call's `messages` and `tools`,
-normalised as they came), is written once: the request keeps the name, in its place, with `null`, and the header
-names it, `"_delta": {"same": [<names>]}` (beside the session delta's fields when the record is one; a header without
-`base` refers to no other record). Where the messages are shared too (a first call; a history without tool calls,
-as mini-swe-agent's) an OpenAI Chat record is ≈ 27 % smaller (an 8k-token prompt's 117.5 → 85.7 KB) and ≈ 10 % cheaper
-to commit. A history with tool calls carries the proxy's canonical call ids in the normalised request, so there only
-`tools` is shared; a dialect whose normalised lists differ (Anthropic, Responses, Gemini) writes them as before.
+that is the caller's `original_request`'s under the same name, as JSON (an OpenAI Chat call's `messages` and
+`tools`, normalised as they came), is written once: the request keeps the name, in its place, with `null`, and the
+header names it, `"_delta": {"same": [<names>]}` (beside the session delta's fields when the record is one; a header
+without `base` refers to no other record). Where the messages are shared too (requests already in the normalised
+form: text contents, no tool calls in the history) an OpenAI Chat record is ≈ 27 % smaller (an 8k-token prompt's
+117.5 → 85.7 KB) and ≈ 10 % cheaper to commit. A history with tool calls carries the proxy's canonical call ids in
+the normalised request, so there only `tools` is shared; a dialect whose normalised lists differ (Anthropic,
+Responses, Gemini) writes them as before.
 
 Every read path of `nemo_polar.proxy.store` resolves deltas (`resolve`): readers only ever see whole records. A key
 lost with a batch that failed to commit is forgotten, and an already serialised delta against it is written whole
