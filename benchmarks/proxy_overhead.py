@@ -144,7 +144,7 @@ async def _drive(
         t0 = time.perf_counter()
         await rounds(n)
         wall = time.perf_counter() - t0
-        cpu1 = _cpu_split(pid) if cpu0 is not None and pid else None
+        cpu1 = _cpu_split(pid) if pid else None
     if cpu0 is None or cpu1 is None:
         return lat, wall, None, None
     return lat, wall, sum(cpu1) - sum(cpu0), cpu1[1] - cpu0[1]

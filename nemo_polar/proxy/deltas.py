@@ -287,7 +287,9 @@ def resolve(raw: bytes, fetch: Callable[[str], bytes | None], bases: OrderedDict
     except DeltaError:
         raise
     except (KeyError, TypeError, AttributeError, ValueError) as exc:  # orjson's decode error is a ValueError
-        raise DeltaError(f"a delta that does not fit its base ({type(exc).__name__}: {exc})") from exc
+        raise DeltaError(
+            f"a delta that does not fit its base or its own record ({type(exc).__name__}: {exc})"
+        ) from exc
     return out
 
 
