@@ -632,7 +632,8 @@ def own_work_profile(n: int = 400) -> dict[str, float]:
     from nemo_polar.proxy.engines.base import Generation
     from nemo_polar.proxy.engines.vllm import VLLMEngine
     from nemo_polar.proxy.normalized import RouteMatch
-    from nemo_polar.proxy.store import RecordStore, record_bytes
+    from nemo_polar.proxy.record_json import record_bytes
+    from nemo_polar.proxy.store import RecordStore
     from nemo_polar.types import CompletionRecord
     from polar_lab.fake_upstream import FakeUpstream
 

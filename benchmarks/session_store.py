@@ -61,7 +61,8 @@ from store_cost import admitted, bench_record, cpu_s
 
 from nemo_polar.proxy.dialects import openai_chat
 from nemo_polar.proxy.normalized import RouteMatch
-from nemo_polar.proxy.store import DB_NAME, PAYLOADS_NAME, RecordStore, read_records, record_bytes
+from nemo_polar.proxy.record_json import record_bytes
+from nemo_polar.proxy.store import DB_NAME, PAYLOADS_NAME, RecordStore, read_records
 from nemo_polar.types import CompletionRecord
 
 # the result tables' columns after the first (what the rows are of)

@@ -57,7 +57,8 @@ from peers import mix_bodies
 from nemo_polar.proxy import payloads as payload_file
 from nemo_polar.proxy.dialects import openai_chat
 from nemo_polar.proxy.normalized import RouteMatch
-from nemo_polar.proxy.store import DB_NAME, PAGE_SIZE, RecordStore, record_bytes
+from nemo_polar.proxy.record_json import record_bytes
+from nemo_polar.proxy.store import DB_NAME, PAGE_SIZE, RecordStore
 from nemo_polar.proxy.tuning import keep_freed_memory
 from nemo_polar.types import CompletionRecord
 

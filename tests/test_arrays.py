@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """The C token-id check and compact encoders (`nemo_polar/_arrays.c`) decide and write exactly what their Python
 paths do: `ids_ok` as `engines.base._ids_ok_py` on good and bad ids, `encode_i32` / `encode_f64` the string of
-`store._i32_py` / `store._f64_py` (struct + base64) and of `types.encode_array`'s numpy path, byte for byte, NaN
+`record_json._i32_py` / `record_json._f64_py` (struct + base64) and of `types.encode_array`'s numpy path, byte for byte, NaN
 payloads and signed zeros included; on anything else they return None and the Python path decides. The lists are
 seeded: a failure is reproducible.
 """
@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from nemo_polar import types
-from nemo_polar.proxy import store
+from nemo_polar.proxy import record_json
 from nemo_polar.proxy.engines import base
 from nemo_polar.proxy.engines.base import _ids_ok_py
-from nemo_polar.proxy.store import _f64_py, _i32_py, record_bytes
+from nemo_polar.proxy.record_json import _f64_py, _i32_py, record_bytes
 from nemo_polar.types import CompletionRecord, decode_array, encode_array
 
 try:
@@ -106,14 +106,14 @@ def test_encoders_leave_everything_else_to_the_python_path() -> None:
     for other in [None, "123", b"123", range(3), np.arange(3), {1: 2}, iter([1])]:
         assert _arrays.encode_i32(other) is None and _arrays.encode_f64(other) is None, other
     # ... which gives what it gave before: bools encoded as 0/1 by struct, the same errors
-    exactly(store._i32([True, 2]), _i32_py([1, 2]))
+    exactly(record_json._i32([True, 2]), _i32_py([1, 2]))
     exactly(encode_array(np.arange(3), "i32"), _i32_py([0, 1, 2]))
     with pytest.raises(struct.error):
-        store._i32([2**31])
+        record_json._i32([2**31])
     with pytest.raises(ValueError, match="int32 range"):
         encode_array([2**31], "i32")
     with pytest.raises(struct.error):
-        store._f64([10**400])
+        record_json._f64([10**400])
 
 
 @pytest.mark.parametrize("check", [_ids_ok_py, pytest.param(_arrays and _arrays.ids_ok, marks=needs_c)])
@@ -153,8 +153,8 @@ def test_record_bytes_are_the_same_with_and_without_the_c_encoders(monkeypatch: 
         generation_log_probs=floats(rng, 512),
     )
     fast = record_bytes(rec)
-    monkeypatch.setattr(store, "_i32", _i32_py)
-    monkeypatch.setattr(store, "_f64", _f64_py)
+    monkeypatch.setattr(record_json, "_i32", _i32_py)
+    monkeypatch.setattr(record_json, "_f64", _f64_py)
     assert record_bytes(rec) == fast
     monkeypatch.setattr(types, "_FAST_ENCODE", {})
     assert rec.to_json(compact=True) == record_bytes(rec)

@@ -11,7 +11,7 @@ import struct
 import orjson
 import pytest
 
-from nemo_polar.proxy import store
+from nemo_polar.proxy import record_json
 from nemo_polar.proxy.engines.base import UpstreamError, check_token_data
 from nemo_polar.types import CompletionRecord, TokenIds, encode_array, id_list
 
@@ -55,16 +55,16 @@ def test_encoded_and_checked_as_the_list() -> None:
     for n in (0, 1, 2, 3, 4, 5, 100, 8000):
         ids = [rng.randrange(0, 2**31) for _ in range(n)]
         t = packed(ids)
-        want = store._i32_py(ids)
-        assert store._i32(t) == store._i32_py(t) == store._i32(ids) == want
+        want = record_json._i32_py(ids)
+        assert record_json._i32(t) == record_json._i32_py(t) == record_json._i32(ids) == want
         assert encode_array(t, "i32") == encode_array(ids, "i32") == want
         rec = CompletionRecord(id="r", session_id="s", seq=0, dialect="openai_chat", arrived_at=0.0)
         rec.prompt_token_ids = t
         as_list = CompletionRecord(id="r", session_id="s", seq=0, dialect="openai_chat", arrived_at=0.0)
         as_list.prompt_token_ids = ids
         assert rec.to_json() == as_list.to_json() and rec.to_json(compact=False) == as_list.to_json(compact=False)
-        assert orjson.loads(store.record_bytes(rec)) == orjson.loads(store.record_bytes(as_list))
-        back = CompletionRecord.from_json(store.record_bytes(rec))
+        assert orjson.loads(record_json.record_bytes(rec)) == orjson.loads(record_json.record_bytes(as_list))
+        back = CompletionRecord.from_json(record_json.record_bytes(rec))
         assert type(back.prompt_token_ids) is list and back.prompt_token_ids == ids
         rec.validate()
         check_token_data(t, [1], [-0.5], None)

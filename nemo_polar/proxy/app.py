@@ -72,7 +72,12 @@ class Proxy:
     def __init__(self, config: ProxyConfig):
         self.config = config
         self.control_token = config.control_token or os.environ.get("POLAR_CONTROL_TOKEN") or secrets.token_urlsafe(24)
-        self.store = RecordStore(config.store_dir, fsync=config.fsync, session_deltas=config.session_deltas)
+        self.store = RecordStore(
+            config.store_dir,
+            fsync=config.fsync,
+            session_deltas=config.session_deltas,
+            page_cache_mb=config.store_page_cache_mb,
+        )
         self.sessions = SessionManager(self.store)
         # Python API: create a session, with an optional request classifier (the adapter's `classify_request`)
         self.create_session = self.sessions.create

@@ -16,8 +16,22 @@ import sys
 from typing import Any
 
 from nemo_polar.keywords import same_named
+from nemo_polar.proxy.config import ProxyConfig as _Defaults
 
 __all__ = ["register"]
+
+
+def _cache_mb(text: str) -> int | None:
+    """`--store-page-cache-mb`: MiB >= 0, or `all` (None: no pages dropped)."""
+    if text == "all":
+        return None
+    try:
+        mb = int(text)
+    except ValueError:
+        mb = -1
+    if mb < 0:
+        raise argparse.ArgumentTypeError(f"expected MiB (an integer >= 0) or `all`, not {text!r}")
+    return mb
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -60,6 +74,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "--fsync",
         action="store_true",
         help="fsync every commit batch (survives power loss); default: WAL synchronous=NORMAL (survives a killed proxy)",
+    )
+    p.add_argument(
+        "--store-page-cache-mb",
+        type=_cache_mb,
+        default=_Defaults.store_page_cache_mb,
+        metavar="MB|all",
+        help="MiB of the record store's payload file kept in the page cache behind its end; older pages are dropped "
+        "once on disk (default: %(default)s; `all`: the OS decides)",
     )
     p.add_argument(
         "--no-session-deltas",

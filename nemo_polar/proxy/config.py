@@ -35,6 +35,9 @@ class ProxyConfig:
     # the record store writes a record whose prompt extends an earlier record of its session as what is new
     # (proxy/deltas.py: O(n) bytes over a session instead of O(n²)); every read resolves it
     session_deltas: bool = True
+    # MiB of the store's payload file kept in the OS's page cache behind its end; older pages are dropped once on disk
+    # (`RecordStore(page_cache_mb=)`; docs/performance.md, "The payload file's page cache"). None: the OS decides.
+    store_page_cache_mb: int | None = 256
     prefix_preserving: str | None = None  # None | "splice" (stock vLLM) | "nemo_rl" (required_prefix_token_ids)
     model_dir: str | None = None
     chat_template: str | None = None

@@ -80,6 +80,7 @@ class PayloadFile:
         self.path = path
         self._writable = writable
         self._fd: int | None = None
+        self._dropped = 0  # bytes before this offset were handed back to the OS's page cache (`drop_cached`)
 
     def _open(self) -> int | None:
         if self._fd is None:
@@ -111,11 +112,27 @@ class PayloadFile:
         _write_at(fd, parts, offset)
         return refs
 
-    def sync(self) -> None:
-        """Flush the file to the disk (every process's frames: the page cache is shared)."""
+    def sync(self) -> int:
+        """Flush the file to the disk (every process's frames: the page cache is shared); return the file's size
+        before the flush, so every byte before that offset is on disk."""
         fd = self._open()
-        if fd is not None:
-            os.fdatasync(fd) if hasattr(os, "fdatasync") else os.fsync(fd)
+        if fd is None:
+            return 0
+        size = os.fstat(fd).st_size
+        os.fdatasync(fd) if hasattr(os, "fdatasync") else os.fsync(fd)
+        return size
+
+    def drop_cached(self, upto: int) -> None:
+        """Let the OS drop the file's cached pages before offset `upto` (bytes `sync` has put on disk), the ones not
+        dropped by an earlier call. Nothing is lost: a later read of a record there reads the disk. Why: on a VM that
+        hands free memory back to its host, a page cache that keeps growing writes every frame into memory the host
+        must fault in again, ~10x the CPU per byte of memory just freed (docs/performance.md, "The payload file's
+        page cache"). Without `posix_fadvise` (not Linux) it does nothing."""
+        fd = self._open()
+        if fd is None or upto <= self._dropped or not hasattr(os, "posix_fadvise"):
+            return
+        os.posix_fadvise(fd, self._dropped, upto - self._dropped, os.POSIX_FADV_DONTNEED)
+        self._dropped = upto
 
     def resolve(self, record_id: str, data: bytes) -> bytes:
         """The record's JSON: `data` itself when inline (every row of a store written before the payload file), else

@@ -1,28 +1,26 @@
 # SPDX-License-Identifier: Apache-2.0
 """The record store's payload file: large records' JSON beside the database, checked on every read; stores written
-before it still read; concurrent writers (threads and processes) never overlap; a commit survives a SIGKILL."""
+before it still read; concurrent writers (threads and processes) never overlap; a commit survives a SIGKILL; synced
+pages behind the kept window leave the OS's page cache."""
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import mmap
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
-from nemo_polar.proxy.store import (
-    DB_NAME,
-    INLINE_MAX,
-    PAYLOADS_NAME,
-    RecordStore,
-    StoreCorrupt,
-    read_records,
-    record_bytes,
-)
+from nemo_polar.proxy.payloads import PayloadFile
+from nemo_polar.proxy.record_json import record_bytes
+from nemo_polar.proxy.store import DB_NAME, INLINE_MAX, PAYLOADS_NAME, RecordStore, StoreCorrupt, read_records
 from nemo_polar.types import CompletionRecord
 from tests.proxy.test_store import old_store_db
 
@@ -265,3 +263,100 @@ def test_a_batch_is_written_in_bounded_vectored_writes_and_survives_short_writes
     assert path.read_bytes() == b"head" + b"".join(parts)
     # 12 + 700,000 + 12; the next frame would pass 1 MiB: 600,000 + 12; the 2.5 MB frame alone; the small rest
     assert calls == [700_024, 600_012, 2_500_000, 38]
+
+
+def _resident(path, start: int, end: int) -> int:
+    """Pages of `path` in [start, end) that are in the OS's page cache (`mincore` on a private mapping)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    page = mmap.PAGESIZE
+    start -= start % page
+    n = (end - start + page - 1) // page
+    with open(path, "rb") as f, mmap.mmap(f.fileno(), end - start, access=mmap.ACCESS_COPY, offset=start) as mm:
+        vec = (ctypes.c_ubyte * n)()
+        addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))
+        if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(end - start), vec) != 0:
+            pytest.skip(f"mincore failed: errno {ctypes.get_errno()}")
+        resident = sum(v & 1 for v in vec)
+        del addr
+    return resident
+
+
+def _needs_droppable_pages(directory) -> None:
+    """Skip where the OS keeps a file's clean pages cached whatever it is told (tmpfs: the cache is the file), probed
+    on a file of its own, so a `drop_cached` that does nothing still fails the tests below."""
+    if not hasattr(os, "posix_fadvise"):
+        pytest.skip("no posix_fadvise on this platform")
+    probe = directory / "probe"
+    probe.write_bytes(b"x" * (1 << 20))
+    fd = os.open(probe, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    if _resident(probe, 0, 1 << 20):
+        pytest.skip(f"{directory}'s file system keeps pages in memory after POSIX_FADV_DONTNEED (tmpfs?)")
+    probe.unlink()
+
+
+def test_synced_pages_before_the_given_offset_leave_the_page_cache_and_still_read(tmp_path):
+    _needs_droppable_pages(tmp_path)
+    payloads = PayloadFile(tmp_path / PAYLOADS_NAME, writable=True)
+    blobs = [bytes([i]) * (256 << 10) for i in range(16)]  # 4 MiB of frames
+    refs = payloads.append(blobs)
+    synced = payloads.sync()
+    assert synced == os.path.getsize(payloads.path)
+    pages = synced // mmap.PAGESIZE
+    assert _resident(payloads.path, 0, synced) >= pages - 1  # written through the page cache
+    payloads.drop_cached(synced // 2)
+    head, tail = _resident(payloads.path, 0, synced // 2), _resident(payloads.path, synced // 2, synced)
+    assert head <= 1 and tail >= pages // 2 - 1  # the head dropped (an edge page may stay), the tail kept
+    payloads.drop_cached(synced // 4)  # behind what was dropped already: nothing to do
+    assert [payloads.resolve(f"r{i}", ref) for i, ref in enumerate(refs)] == blobs  # read back from the disk
+    payloads.close()
+
+
+@pytest.mark.parametrize("keep_mb", [0, None], ids=["window-0", "keep-all"])
+def test_the_store_keeps_only_its_window_of_the_payload_file_cached(tmp_path, keep_mb):
+    _needs_droppable_pages(tmp_path)
+    records = [_rec(i, tokens=20_000) for i in range(40)]  # ~110 KB of JSON each: ~4.4 MB of frames
+    store = RecordStore(tmp_path, page_cache_mb=keep_mb)
+    store.checkpoint_every_s = 0.05
+    store.open()
+    _commit_all(store, records)
+    path = tmp_path / PAYLOADS_NAME
+    size = path.stat().st_size
+    pages = size // mmap.PAGESIZE
+    deadline = time.monotonic() + 10
+    while keep_mb == 0 and _resident(path, 0, size) > 1 and time.monotonic() < deadline:
+        time.sleep(0.05)  # the checkpointer's next round syncs and drops
+    resident = _resident(path, 0, size)
+    assert store.list_records("s1") == records  # every record still reads, from the disk where dropped
+    store.close()
+    assert resident >= pages - 1 if keep_mb is None else resident <= 1
+
+
+def test_a_negative_window_is_refused():
+    with pytest.raises(ValueError, match="page_cache_mb must be >= 0 or None"):
+        RecordStore("unused", page_cache_mb=-1)
+
+
+@pytest.mark.parametrize(
+    ("flags", "kept"),
+    [([], 256 << 20), (["--store-page-cache-mb", "16"], 16 << 20), (["--store-page-cache-mb", "all"], None)],
+)
+def test_polar_proxy_s_flag_sets_the_store_s_window(tmp_path, flags, kept):
+    import argparse
+
+    from nemo_polar.keywords import same_named
+    from nemo_polar.proxy import cli
+    from nemo_polar.proxy.app import Proxy
+    from nemo_polar.proxy.config import ProxyConfig
+
+    parser = argparse.ArgumentParser()
+    cli.register(parser.add_subparsers())
+    args = parser.parse_args(["proxy", "--upstream", "http://127.0.0.1:9", "--store", str(tmp_path), *flags])
+    cfg = ProxyConfig(**same_named(args, ProxyConfig, upstreams=args.upstream, store_dir=args.store, sampling={}))
+    assert Proxy(cfg).store._keep_cached == kept
+    with pytest.raises(SystemExit):
+        parser.parse_args(["proxy", "--upstream", "u", "--store", "s", "--store-page-cache-mb", "-1"])
