@@ -305,6 +305,29 @@ def test_prompt_ids_packed_or_parsed_alike(ids: bytes, packed: bool, monkeypatch
         assert type(fast[0].prompt_token_ids) is TokenIds
 
 
+@needs_c
+def test_prompt_ids_of_every_length_pack_as_json_reads_them() -> None:
+    """Ids of 1 to 10 digits (1-7: read 8 bytes at a time, the rest a byte at a time), alone, mixed, and last in the
+    answer (fewer than 8 bytes after them), pack to the ids the full parse reads."""
+    rng = random.Random(11)
+    lists = [[0], [7], [0, 0, 1]]
+    for n in range(1, 11):
+        low, high = (10 ** (n - 1) if n > 1 else 0), min(10**n, 2**31)
+        lists.append([rng.randrange(low, high) for _ in range(64)])
+    lists.append([rng.choice([0, 9, 10, 99_999, 151_643, 9_999_999, 10_000_000, 2**31 - 1]) for _ in range(500)])
+    lists.append([int(10 ** rng.uniform(0, 9.33)) for _ in range(2000)])
+    for ids in lists:
+        answer = {"id": "x", "choices": [{"index": 0, "message": {"content": "hi"}}], "prompt_token_ids": ids}
+        for raw in (orjson.dumps(answer), orjson.dumps({**answer, "usage": {"prompt_tokens": len(ids)}})):
+            cut = fast_answer(raw)
+            assert cut is not None and cut[2] is not None, ids[:5]
+            assert list(cut[2]) == orjson.loads(raw)["prompt_token_ids"]
+    for bad in (b"01", b"00", b"012345678", b"2147483648", b"99999999999"):  # what JSON or int32 refuses: not packed
+        raw = b'{"id":"x","choices":[],"prompt_token_ids":[1,' + bad + b',3],"usage":null}'
+        cut = fast_answer(raw)
+        assert cut is None or cut[2] is None, bad
+
+
 def stream_outcome(block: bytes, pack: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
     with monkeypatch.context() as m:
         m.setattr(vllm_stream, "PACK_PROMPT_IDS", pack)
