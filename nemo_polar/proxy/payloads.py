@@ -80,7 +80,7 @@ class PayloadFile:
         self.path = path
         self._writable = writable
         self._fd: int | None = None
-        self._dropped = 0  # bytes before this offset were handed back to the OS's page cache (`drop_cached`)
+        self._dropped = 0  # the file's pages before this offset were dropped from the OS's page cache (`drop_cached`)
 
     def _open(self) -> int | None:
         if self._fd is None:

@@ -25,7 +25,8 @@ commit is, so a killed process loses nothing it committed; with `fsync` the fram
 that references them. Only the checkpointer thread checkpoints (`wal_autocheckpoint=0`), and it syncs the payload
 file first, for the commits that a read transaction pins (the checkpoint cannot pass them), so no row reaches the
 database file before its payload is on disk; `open` and `close` sync it before SQLite's checkpoint on closing the
-last connection.
+last connection. After each checkpoint's sync the payload file's pages more than `page_cache_mb` behind its end are
+dropped from the OS's page cache (docs/performance.md, "The payload file's page cache").
 
 A record may first be written as *pending* (`put_pending`) when a call is admitted; `commit` replaces it with the
 final record, updating the placeholder's row in place (its index entries are not deleted and re-inserted). The
