@@ -25,13 +25,9 @@ def _cache_mb(text: str) -> int | None:
     """`--store-page-cache-mb`: MiB >= 0, or `all` (None: no pages dropped)."""
     if text == "all":
         return None
-    try:
-        mb = int(text)
-    except ValueError:
-        mb = -1
-    if mb < 0:
+    if not (text.isascii() and text.isdigit()):
         raise argparse.ArgumentTypeError(f"expected MiB (an integer >= 0) or `all`, not {text!r}")
-    return mb
+    return int(text)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]

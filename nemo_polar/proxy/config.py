@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from nemo_polar.proxy.payloads import PAGE_CACHE_MB
+
 __all__ = ["ProxyConfig"]
 
 
@@ -37,7 +39,7 @@ class ProxyConfig:
     session_deltas: bool = True
     # MiB of the store's payload file kept in the OS's page cache behind its end; older pages are dropped once on disk
     # (`RecordStore(page_cache_mb=)`; docs/performance.md, "The payload file's page cache"). None: the OS decides.
-    store_page_cache_mb: int | None = 256
+    store_page_cache_mb: int | None = PAGE_CACHE_MB
     prefix_preserving: str | None = None  # None | "splice" (stock vLLM) | "nemo_rl" (required_prefix_token_ids)
     model_dir: str | None = None
     chat_template: str | None = None

@@ -26,7 +26,7 @@ except ImportError:  # built without a compiler: zlib's
     CRC32_SIMD = False
 _crc32: Callable[[bytes], int] = _crc32_fold if CRC32_SIMD else zlib.crc32
 
-__all__ = ["PayloadFile", "StoreCorrupt"]
+__all__ = ["PAGE_CACHE_MB", "PayloadFile", "StoreCorrupt"]
 
 # a payload frame in PAYLOADS_NAME: magic, payload length, crc32 of the payload, then the payload
 _FRAME = struct.Struct("<4sII")
@@ -35,6 +35,10 @@ _MAGIC = b"PLRP"
 # payload's length and crc32 (a frame that is valid but not this record's, e.g. in a replaced file, is refused too)
 _REF = struct.Struct("<BQII")
 _REF_TAG = 1
+
+# MiB of the file's end kept in the OS's page cache by default (`RecordStore(page_cache_mb=)`, `drop_cached`): records
+# read soon after they are written (a session's trajectory) are read from memory; older pages are dropped once on disk
+PAGE_CACHE_MB = 256
 
 
 # most bytes and buffers per write call: a batch's frames go out in vectored writes of up to _WRITE_MAX bytes, never

@@ -59,7 +59,7 @@ import orjson
 
 from nemo_polar.errors import PolarError
 from nemo_polar.proxy.deltas import DeltaError, SessionDeltas, is_delta, resolve, share_request, stored_json
-from nemo_polar.proxy.payloads import PayloadFile, StoreCorrupt
+from nemo_polar.proxy.payloads import PAGE_CACHE_MB, PayloadFile, StoreCorrupt
 from nemo_polar.proxy.record_json import record_bytes, record_dict
 from nemo_polar.types import CompletionRecord
 
@@ -70,9 +70,6 @@ log = logging.getLogger(__name__)
 DB_NAME = "records.sqlite"
 PAYLOADS_NAME = DB_NAME + "-payloads"  # the append-only payload file beside it (module docstring)
 PAGE_SIZE = 4096  # bytes per SQLite page of a new database (module docstring)
-# the payload file's end kept in the OS's page cache by default (`RecordStore(page_cache_mb=)`): records read soon
-# after they are written (a session's trajectory) are read from memory; older pages are dropped once on disk
-PAGE_CACHE_MB = 256
 # a record's JSON of up to this many bytes (a page) stays in its row: JSON of 1.6-6 KB costs within ±10 % either way
 # committed alone and 25-30 % less in the payload file in batches of 16, 12 KB already 25 % less alone
 INLINE_MAX = 4096

@@ -276,9 +276,7 @@ def _resident(path, start: int, end: int) -> int:
         addr = ctypes.addressof(ctypes.c_char.from_buffer(mm))
         if libc.mincore(ctypes.c_void_p(addr), ctypes.c_size_t(end - start), vec) != 0:
             pytest.skip(f"mincore failed: errno {ctypes.get_errno()}")
-        resident = sum(v & 1 for v in vec)
-        del addr
-    return resident
+        return sum(v & 1 for v in vec)
 
 
 def _needs_droppable_pages(directory) -> None:
