@@ -24,6 +24,7 @@ from aiohttp import web
 
 from nemo_polar.proxy.normalized import ProviderError
 from nemo_polar.proxy.sessions import Session, SessionError
+from nemo_polar.proxy.tuning import loop_name
 from nemo_polar.types import CompletionRecord
 
 if TYPE_CHECKING:
@@ -211,6 +212,7 @@ class AdminAPI:
                 "store": str(p.store.path),
                 "store_batches": p.store.batches,
                 "store_writes": p.store.writes,
+                "event_loop": loop_name(),
             }
         )
 

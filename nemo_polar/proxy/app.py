@@ -13,6 +13,7 @@ serves until interrupted (`polar proxy`).
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import secrets
@@ -34,7 +35,7 @@ from nemo_polar.proxy.normalized import ChatRequest, ProviderError, RouteMatch
 from nemo_polar.proxy.sessions import Session, SessionManager
 from nemo_polar.proxy.store import RecordStore, StoreWriteError
 from nemo_polar.proxy.streaming import reply_stream
-from nemo_polar.proxy.tuning import tune_serving_process
+from nemo_polar.proxy.tuning import serving_loop, tune_serving_process
 from nemo_polar.types import CallKind, CompletionRecord
 
 __all__ = ["Proxy", "ProxyConfig", "run"]
@@ -380,8 +381,11 @@ async def _settle(app: web.Application) -> None:
     tune_serving_process()
 
 
-def run(config: ProxyConfig, *, host: str = "127.0.0.1", port: int = 8080) -> None:
-    """Serve until interrupted (used by `polar proxy`)."""
+def run(
+    config: ProxyConfig, *, host: str = "127.0.0.1", port: int = 8080, loop: asyncio.AbstractEventLoop | None = None
+) -> None:
+    """Serve until interrupted (used by `polar proxy`), on `loop` (default: `proxy.tuning.serving_loop()`)."""
+    loop = loop or serving_loop()
     proxy = Proxy(config)
     if not proxy.base_url:
         proxy.base_url = f"http://{host}:{port}"
@@ -392,4 +396,4 @@ def run(config: ProxyConfig, *, host: str = "127.0.0.1", port: int = 8080) -> No
         print(f"control token: {proxy.control_token}", flush=True)
     app = proxy.make_app()
     app.on_startup.append(_settle)
-    web.run_app(app, host=host, port=port, access_log=None, print=None, handle_signals=True)
+    web.run_app(app, host=host, port=port, access_log=None, print=None, handle_signals=True, loop=loop)

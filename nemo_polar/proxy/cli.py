@@ -102,11 +102,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         metavar="N",
         help="vLLM streams: ask for N tokens a chunk (vLLM >= 0.32; fewer chunks, less proxy CPU; default: the server's)",
     )
+    p.add_argument(
+        "--event-loop",
+        choices=["auto", "uvloop", "asyncio"],
+        default=None,
+        help="the process's event loop (default: $POLAR_EVENT_LOOP, else auto: uvloop where installed)",
+    )
     p.set_defaults(func=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     from nemo_polar.proxy.app import ProxyConfig, run
+    from nemo_polar.proxy.tuning import serving_loop
     from nemo_polar.proxy.upstream_http import Target
 
     for url in args.upstream:
@@ -123,7 +130,12 @@ def _run(args: argparse.Namespace) -> int:
     cfg = ProxyConfig(
         **same_named(args, ProxyConfig, upstreams=args.upstream, store_dir=args.store, sampling=sampling)
     )
-    run(cfg, host=args.host, port=args.port)
+    try:
+        loop = serving_loop(args.event_loop)
+    except ValueError as exc:  # an unknown name, or uvloop asked for and not installed
+        print(f"polar proxy: {exc}", file=sys.stderr)
+        return 2
+    run(cfg, host=args.host, port=args.port, loop=loop)
     return 0
 
 

@@ -23,7 +23,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from nemo_polar.proxy.tuning import tune_serving_process
+from nemo_polar.proxy.tuning import run_serving, tune_serving_process
 from nemo_polar.rollout.auth import SECRET_ENV, SECRET_FILE_ENV, AuthConfigError, check_bind, resolve_secret
 from nemo_polar.rollout.stack import Stack, StackConfig, add_stack_flags, config_from_args, start_stack
 
@@ -112,7 +112,7 @@ async def _run(stack_cfg: Any) -> None:
 
 def _serve(args: argparse.Namespace) -> int:
     cfg = _stack_config(args, host=args.host, port=args.port, gateway_port=args.gateway_port)
-    asyncio.run(_run(cfg))
+    run_serving(_run(cfg))
     return 0
 
 
@@ -126,7 +126,7 @@ def _serve_rollout(args: argparse.Namespace) -> int:
         work_dir=str(journal.parent),
         gateways=0,
     )
-    asyncio.run(_run(cfg))
+    run_serving(_run(cfg))
     return 0
 
 
@@ -140,7 +140,7 @@ def _serve_gateway(args: argparse.Namespace) -> int:
         gateways=1,
         node_ids=[args.node_id],
     )
-    asyncio.run(_run(cfg))
+    run_serving(_run(cfg))
     return 0
 
 

@@ -38,6 +38,7 @@ import orjson
 from aiohttp import web
 from pydantic import ValidationError
 
+from nemo_polar.proxy.tuning import serving_loop
 from nemo_polar.rollout.auth import auth_headers, check_bind, resolve_secret, service_app
 from nemo_polar.rollout.callbacks import callback_loop
 from nemo_polar.rollout.journal import Journal, SessionRow
@@ -572,4 +573,5 @@ def run(config: ServerConfig, *, host: str = "127.0.0.1", port: int = 8700) -> N
     """Serve until interrupted (`polar serve-rollout`); a non-loopback `host` needs `config.secret`."""
     check_bind(host, config.secret, "the rollout server")
     Path(config.journal_path).parent.mkdir(parents=True, exist_ok=True)
-    web.run_app(RolloutServer(config).make_app(), host=host, port=port, print=None)
+    loop = serving_loop()  # uvloop's where installed (proxy/tuning.py)
+    web.run_app(RolloutServer(config).make_app(), host=host, port=port, print=None, loop=loop)
