@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import struct
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from nemo_polar.errors import PolarError
@@ -24,7 +24,8 @@ try:  # zlib.crc32's value, ~4x faster on a large payload, where the CPU can fol
     from nemo_polar._arrays import crc32 as _crc32_fold
 except ImportError:  # built without a compiler: zlib's
     CRC32_SIMD = False
-_crc32: Callable[[bytes], int] = _crc32_fold if CRC32_SIMD else zlib.crc32
+Buffer = bytes | memoryview
+_crc32: Callable[[Buffer, int], int] = _crc32_fold if CRC32_SIMD else zlib.crc32
 
 __all__ = ["PAGE_CACHE_MB", "PayloadFile", "StoreCorrupt"]
 
@@ -48,7 +49,7 @@ _WRITE_MAX = 1 << 20
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 
 
-def _write_at(fd: int, parts: list[bytes], offset: int) -> None:
+def _write_at(fd: int, parts: list[Buffer], offset: int) -> None:
     """Write `parts` back to back at `offset`: vectored writes of at most `_WRITE_MAX` bytes (a single part larger
     than that alone), resumed after a short write."""
     i = 0
@@ -97,22 +98,28 @@ class PayloadFile:
                 return None
         return self._fd
 
-    def append(self, payloads: list[bytes]) -> list[bytes]:
-        """Write `payloads` as frames at the file's end, back to back (`_write_at`); return their row references. The
+    def append(self, payloads: Sequence[Buffer | list[Buffer]]) -> list[bytes]:
+        """Write `payloads` as frames at the file's end, back to back (`_write_at`); return their row references. A
+        payload given as a list of buffers is their bytes back to back (written as they are, never joined). The
         caller holds SQLite's write lock (`BEGIN IMMEDIATE`), so no other writer, in this process or another, takes
         the same end; bytes of a writer that failed or died before its commit stay as garbage no row points to."""
         fd = self._open()
         assert fd is not None
         offset = os.fstat(fd).st_size
-        parts: list[bytes] = []
+        parts: list[Buffer] = []
         refs: list[bytes] = []
         at = offset
         for data in payloads:
-            crc = _crc32(data)
-            parts.append(_FRAME.pack(_MAGIC, len(data), crc))
-            parts.append(data)
-            refs.append(_REF.pack(_REF_TAG, at, len(data), crc))
-            at += _FRAME.size + len(data)
+            pieces = data if isinstance(data, list) else [data]
+            crc = 0
+            size = 0
+            for piece in pieces:
+                crc = _crc32(piece, crc)
+                size += len(piece)
+            parts.append(_FRAME.pack(_MAGIC, size, crc))
+            parts += pieces
+            refs.append(_REF.pack(_REF_TAG, at, size, crc))
+            at += _FRAME.size + size
         _write_at(fd, parts, offset)
         return refs
 
@@ -156,7 +163,7 @@ class PayloadFile:
         payload = os.pread(fd, length, offset + _FRAME.size)
         if len(payload) != length:
             raise StoreCorrupt(f"{where} is cut short: the file ends {length - len(payload)} bytes early")
-        if _crc32(payload) != crc:
+        if _crc32(payload, 0) != crc:
             raise StoreCorrupt(f"{where} is damaged: its checksum does not match")
         return payload
 

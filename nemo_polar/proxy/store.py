@@ -58,7 +58,15 @@ from typing import Any
 import orjson
 
 from nemo_polar.errors import PolarError
-from nemo_polar.proxy.deltas import DeltaError, SessionDeltas, is_delta, resolve, share_request, stored_json
+from nemo_polar.proxy.deltas import (
+    DeltaError,
+    SessionDeltas,
+    is_delta,
+    parts_size,
+    resolve,
+    share_request,
+    stored_parts,
+)
 from nemo_polar.proxy.payloads import PAGE_CACHE_MB, PayloadFile, StoreCorrupt
 from nemo_polar.proxy.record_json import record_bytes, record_dict
 from nemo_polar.types import CompletionRecord
@@ -295,9 +303,11 @@ class RecordStore:
         out = record_dict(record, pending=pending)
         shared = share_request(out)  # the request's lists that are the caller's, written once (proxy/deltas.py)
         if self._deltas is None:
-            data, base = stored_json(out, shared), None
+            parts, base = stored_parts(out, shared), None
         else:
-            data, base = self._deltas.encode(out, record, pending=pending, shared=shared)
+            parts, base = self._deltas.encode(out, record, pending=pending, shared=shared)
+        # a payload frame's buffers go to the payload file as they are; a row's JSON is one bytes object
+        data: bytes | list[Any] = parts if parts_size(parts) > INLINE_MAX else b"".join(parts)
         failed = 0 if record.error is None else 1
         return ("record", record.id, record.session_id, record.seq, state, failed, data, update, record, base)
 
@@ -350,7 +360,9 @@ class RecordStore:
         ops = [op for op, _, _ in batch]
         if self._lost:  # a delta against a record whose batch failed: written whole
             ops = [_whole_op(op) if op[0] == "record" and op[9] in self._lost else op for op in ops]
-        large = [i for i, op in enumerate(ops) if op[0] == "record" and len(op[6]) > INLINE_MAX]
+        large = [
+            i for i, op in enumerate(ops) if op[0] == "record" and (type(op[6]) is list or len(op[6]) > INLINE_MAX)
+        ]
         single = len(ops) == 1 and not large  # one statement is its own transaction (autocommit): no BEGIN/COMMIT
         try:
             if large:

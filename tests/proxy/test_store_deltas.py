@@ -14,7 +14,9 @@ import orjson
 import pytest
 
 from nemo_polar.proxy import deltas
+from nemo_polar.proxy.deltas import RAW_IDS_MIN, parts_size, stored_json, stored_parts
 from nemo_polar.proxy.payloads import PayloadFile, StoreCorrupt
+from nemo_polar.proxy.record_json import _i32
 from nemo_polar.proxy.store import DB_NAME, PAYLOADS_NAME, RecordStore, read_records, record_bytes
 from nemo_polar.types import CompletionRecord, TokenIds
 
@@ -324,3 +326,28 @@ def test_a_shared_list_that_cannot_be_put_back_is_store_corrupt(tmp_path, edit, 
     conn.close()
     with pytest.raises(StoreCorrupt, match=rf"s-0.*{match}"):
         read_records(tmp_path)
+
+
+@pytest.mark.parametrize("n_ids", [0, 3, RAW_IDS_MIN // 16 * 3 - 3, RAW_IDS_MIN // 16 * 3, 8000])
+@pytest.mark.parametrize("where", ["middle", "last", "only"])
+@pytest.mark.parametrize("head", [None, {"same": ["messages"]}])
+def test_stored_parts_are_the_stored_json_byte_for_byte(n_ids, where, head):
+    """The prompt ids' string goes in as its own buffer once it is long; the buffers joined are `stored_json`'s
+    bytes, whatever the members around it, with or without a header."""
+    ids = _i32(list(range(100_000, 100_000 + n_ids)))
+    out: dict = {"id": "r1", "original_request": {"messages": [{"role": "user", "content": 'é "q" \\ \n'}]}}
+    if where == "only":
+        out = {}
+    out["prompt_token_ids"] = ids
+    if where == "middle":
+        out |= {"generation_log_probs": "b64:f64:AAAA", "error": None, "upstream": {"x": [1.5, True]}}
+    parts = stored_parts(out, head)
+    assert b"".join(parts) == stored_json(out, head)
+    assert (len(parts) > 1) == (len(ids) >= RAW_IDS_MIN)
+    assert parts_size(parts) == len(stored_json(out, head))
+
+
+def test_stored_parts_leave_other_id_forms_to_orjson():
+    for ids in ([1, 2, 3] * 2000, "x" * 5000, "b64:f64:" + "A" * 5000):
+        out = {"id": "r", "prompt_token_ids": ids}
+        assert stored_parts(out, None) == [stored_json(out, None)]
