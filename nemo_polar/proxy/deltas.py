@@ -55,6 +55,7 @@ from typing import Any
 import orjson
 
 from nemo_polar.errors import PolarError
+from nemo_polar.proxy.payloads import Buffer
 from nemo_polar.types import decode_array, encode_array
 
 __all__ = [
@@ -83,7 +84,6 @@ BASES_KEPT = 16  # bases' JSON a read keeps
 _LIST_FIELDS = ("original_request", "request")
 _I32 = "b64:i32:"
 RAW_IDS_MIN = 4096  # a stored id string this long or longer is written as its own buffer (`stored_parts`)
-Buffer = bytes | memoryview
 
 
 class DeltaError(PolarError, ValueError):
@@ -208,9 +208,9 @@ class SessionDeltas:
     def encode(
         self, out: dict[str, Any], rec: Any, *, pending: bool, shared: dict[str, Any] | None = None
     ) -> tuple[list[Buffer], str | None]:
-        """The JSON to store for `rec` (`stored_parts`) (`out`: its JSON dict, as `record_bytes` builds it, after `share_request`,
-        whose header is `shared`) and the id of the key it refers to (None: written without one). May make `rec`
-        a key of its session."""
+        """The JSON to store for `rec`, as `stored_parts` (`out`: its JSON dict, as `record_bytes` builds it, after
+        `share_request`, whose header is `shared`), and the id of the key it refers to (None: written without one).
+        May make `rec` a key of its session."""
         sid = rec.session_id
         keys = self._keys.get(sid)
         if keys is None:

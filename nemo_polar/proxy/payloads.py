@@ -24,7 +24,7 @@ try:  # zlib.crc32's value, ~4x faster on a large payload, where the CPU can fol
     from nemo_polar._arrays import crc32 as _crc32_fold
 except ImportError:  # built without a compiler: zlib's
     CRC32_SIMD = False
-Buffer = bytes | memoryview
+Buffer = bytes | memoryview  # what a payload frame is written from (`append`)
 _crc32: Callable[[Buffer, int], int] = _crc32_fold if CRC32_SIMD else zlib.crc32
 
 __all__ = ["PAGE_CACHE_MB", "PayloadFile", "StoreCorrupt"]
