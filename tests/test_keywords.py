@@ -48,8 +48,10 @@ def test_every_proxy_flag_reaches_proxy_config() -> None:
     from nemo_polar.proxy.config import ProxyConfig
 
     fields = set(inspect.signature(ProxyConfig).parameters)
-    # --host / --port bind the server; --upstream / --store are renamed (upstreams, store_dir)
-    assert _dests(_parser(cli.register), "proxy") - {"host", "port", "upstream", "store"} <= fields
+    # --host / --port bind the server and --event-loop picks the process's loop (arguments of app.run);
+    # --upstream / --store are renamed (upstreams, store_dir)
+    serving = {"host", "port", "event_loop", "upstream", "store"}
+    assert _dests(_parser(cli.register), "proxy") - serving <= fields
 
 
 def test_every_collect_option_flag_reaches_collect_options() -> None:
