@@ -357,7 +357,19 @@ class Proxy:
             if req.stream:
                 gen = Generation()
                 events = self.generator.events(ctx, gen)
-                return await reply_stream(request, mod, req, rec, call, events, gen, self.store, fail)
+                return await reply_stream(
+                    request,
+                    mod,
+                    req,
+                    rec,
+                    call,
+                    events,
+                    gen,
+                    self.store,
+                    fail,
+                    headers_after_s=self.config.stream_headers_after_s,
+                    give_back=lambda: session.give_back_step(rec.call_kind),
+                )
             gen = await self.generator.run(ctx)
             assert gen.result is not None
             await self.store.commit(recording.completed(rec, call, gen))

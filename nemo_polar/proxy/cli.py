@@ -103,12 +103,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="vLLM streams: ask for N tokens a chunk (vLLM >= 0.32; fewer chunks, less proxy CPU; default: the server's)",
     )
     p.add_argument(
+        "--stream-headers-after-s",
+        type=_headers_after,
+        default=20.0,
+        metavar="S",
+        help="send a stream's headers alone when its first token takes longer than S seconds (some harnesses give "
+        "up on headers after 60 s); `never`: always with the first token (default: %(default)s)",
+    )
+    p.add_argument(
         "--event-loop",
         choices=["auto", "uvloop", "asyncio"],
         default=None,
         help="the process's event loop (default: $POLAR_EVENT_LOOP, else auto: uvloop where installed)",
     )
     p.set_defaults(func=_run)
+
+
+def _headers_after(text: str) -> float | None:
+    if text == "never":
+        return None
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: seconds > 0, or `never`")
+    return value
 
 
 def _run(args: argparse.Namespace) -> int:

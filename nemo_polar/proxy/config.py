@@ -59,3 +59,8 @@ class ProxyConfig:
     # own --stream-interval wins when larger). None: the server decides (the embedded backend runs with 8).
     # Fewer, larger chunks cost the proxy less CPU per token (docs/performance.md, long streams).
     stream_interval: int | None = None
+    # A stream whose first event has not come this many seconds after the call began gets its status line and headers
+    # alone (proxy/streaming.py): a long prefill on a busy engine outlasts some harnesses' wait for headers (Gemini
+    # CLI gives up after 60 s and retries). A failure after that is a dropped connection, not an HTTP error. None: the
+    # headers always leave with the first event.
+    stream_headers_after_s: float | None = 20.0

@@ -8,6 +8,12 @@ into one delta; the headers leave with the first batch); the record is committed
 event written, with the end of the body. A failure before the first
 byte is a normal HTTP error in the caller's shape; a failure after it is a failure record and a dropped connection
 (the client must not see a clean end of an answer that was cut); a client that leaves is a failure record too.
+
+Early headers: a long prompt on a busy engine can take minutes to its first token, and some harnesses give up on a
+response whose headers have not come (Gemini CLI's fetch: 60 s, then it retries the call). When the first event has
+not come `headers_after_s` after the call began, the status line and headers leave alone (no body byte: Google's
+stream parser accepts no SSE comment). A failure after that is a dropped connection; while no event has been sent,
+the plan step is given back (`give_back`), so the client's retry gets the same step.
 """
 
 from __future__ import annotations
@@ -45,27 +51,54 @@ async def reply_stream(
     gen: Generation,
     store: RecordStore,
     fail_early: Callable[[ProviderError], Awaitable[web.Response]],
+    *,
+    headers_after_s: float | None = None,
+    give_back: Callable[[], None] | None = None,
 ) -> web.StreamResponse:
-    """Stream `events` (which fill `gen`) to the client; `fail_early` answers an error raised before any byte."""
+    """Stream `events` (which fill `gen`) to the client; `fail_early` answers an error raised before any byte.
+
+    `headers_after_s`: send the headers alone if the first event takes longer (module docstring); `give_back` returns
+    the call's plan step when the stream fails after those headers and before any event."""
     pending = store.put_pending(rec)
+    headers = _SSE_HEADERS
+    if req.extra.get("stream_format") == "json_array":  # Google's streamGenerateContent without alt=sse
+        headers = {**_SSE_HEADERS, "Content-Type": "application/json"}
+    early: _EarlyHeaders | None = None
+    timer: asyncio.TimerHandle | None = None
+    if headers_after_s is not None:
+        early = _EarlyHeaders(request, pending, headers)
+        timer = asyncio.get_running_loop().call_later(headers_after_s, early.start)
     first: list[StreamEvent] | None = None
     try:
         first = await events.__anext__()
     except StopAsyncIteration:
         pass
-    except ProviderError as err:  # nothing sent yet: a proper HTTP error in the caller's shape
-        await _quiet(pending)
-        return await fail_early(err)
-    await pending  # the placeholder is on disk before the first byte leaves
-    headers = _SSE_HEADERS
-    if req.extra.get("stream_format") == "json_array":  # Google's streamGenerateContent without alt=sse
-        headers = {**_SSE_HEADERS, "Content-Type": "application/json"}
-    resp = _SSEResponse(headers=headers)
+    except ProviderError as err:
+        if early is None or early.task is None:  # nothing sent yet: a proper HTTP error in the caller's shape
+            await _quiet(pending)
+            return await fail_early(err)
+        return await early.failed(store, rec, call, recording.error_dict(err), give_back)
+    finally:
+        if timer is not None:
+            timer.cancel()
+    if early is not None and early.task is not None:
+        try:
+            resp = await early.task
+        except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
+            await events.aclose()
+            error = {"type": "client_disconnected", "message": f"the client went away before the answer ({exc})"}
+            return await early.failed(store, rec, call, error, give_back)
+    else:
+        await pending  # the placeholder is on disk before the first byte leaves
+        resp = _SSEResponse(headers=headers)
     renderer = mod.StreamRenderer(req, "resp_" + rec.id)
+    sent = False
     try:
-        await resp.prepare(request)
+        if not resp.prepared:
+            await resp.prepare(request)
         if first is not None:
             await _write(resp, _render(renderer, first))
+            sent = True
             async for batch in events:
                 await _write(resp, _render(renderer, batch))
     except ProviderError as err:  # upstream broke mid-stream: the client cannot get a clean ending
@@ -74,6 +107,8 @@ async def reply_stream(
         return resp
     except (ConnectionResetError, aiohttp.ClientConnectionResetError, asyncio.CancelledError) as exc:
         await events.aclose()
+        if not sent and give_back is not None:
+            give_back()  # nothing of the answer reached the client: its retry gets the same plan step
         error = {"type": "client_disconnected", "message": f"the client went away mid-stream ({type(exc).__name__})"}
         await asyncio.shield(_failed(store, rec, call, error))
         if isinstance(exc, asyncio.CancelledError):
@@ -98,6 +133,44 @@ class _SSEResponse(web.StreamResponse):
     socket write fewer per stream."""
 
     _send_headers_immediately = False
+
+
+class _EarlyHeaders:
+    """The status line and headers of a stream whose first event is slow, sent alone once the placeholder is on disk."""
+
+    def __init__(self, request: web.Request, pending: asyncio.Future[None], headers: dict[str, str]) -> None:
+        self.request, self.pending, self.headers = request, pending, headers
+        self.task: asyncio.Task[web.StreamResponse] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.ensure_future(self._send())
+
+    async def _send(self) -> web.StreamResponse:
+        await self.pending
+        resp = web.StreamResponse(headers=self.headers)  # aiohttp's default: the headers leave at prepare()
+        await resp.prepare(self.request)
+        return resp
+
+    async def failed(
+        self,
+        store: RecordStore,
+        rec: CompletionRecord,
+        call: EngineCall,
+        error: dict[str, Any],
+        give_back: Callable[[], None] | None,
+    ) -> web.StreamResponse:
+        """The call failed after the headers left and before any event: a failure record, the plan step given back
+        (the client saw nothing of the answer and will retry), and a dropped connection."""
+        assert self.task is not None
+        with contextlib.suppress(Exception):
+            await self.task
+        if give_back is not None:
+            give_back()
+        await _failed(store, rec, call, error)
+        _drop_connection(self.request)
+        if self.task.done() and not self.task.cancelled() and self.task.exception() is None:
+            return self.task.result()
+        return web.StreamResponse()  # the client left before its headers: nothing more is written
 
 
 async def _failed(store: RecordStore, rec: CompletionRecord, call: EngineCall, error: dict[str, Any]) -> None:

@@ -81,6 +81,12 @@ class StackConfig(BaseModel):
         description="how the proxy spreads requests over several upstreams: sticky (a session stays on one; "
         "prefix-cache reuse) | round_robin (each request to the next)",
     )
+    stream_headers_after_s: float | None = Field(
+        20.0,
+        gt=0,
+        description="a stream whose first token takes longer gets its headers alone (Gemini CLI gives up on headers "
+        "after 60 s; proxy/streaming.py) | None: headers with the first token",
+    )
     session_deltas: bool = Field(
         True,
         description="the proxy's record store writes a record whose prompt extends an earlier one of its session as "
