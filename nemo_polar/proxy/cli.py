@@ -105,7 +105,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
     p.add_argument(
         "--stream-headers-after-s",
         type=_headers_after,
-        default=20.0,
+        default=_Defaults.stream_headers_after_s,
         metavar="S",
         help="send a stream's headers alone when its first token takes longer than S seconds (some harnesses give "
         "up on headers after 60 s); `never`: always with the first token (default: %(default)s)",

@@ -168,7 +168,7 @@ class _EarlyHeaders:
             give_back()
         await _failed(store, rec, call, error)
         _drop_connection(self.request)
-        if self.task.done() and not self.task.cancelled() and self.task.exception() is None:
+        if not self.task.cancelled() and self.task.exception() is None:  # done: awaited above
             return self.task.result()
         return web.StreamResponse()  # the client left before its headers: nothing more is written
 

@@ -25,6 +25,7 @@ from aiohttp import web
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from nemo_polar.keywords import same_named
+from nemo_polar.proxy.config import ProxyConfig as _ProxyDefaults
 from nemo_polar.rollout.auth import check_bind, resolve_secret
 from nemo_polar.rollout.gateway import Gateway, GatewayConfig
 from nemo_polar.rollout.proxylink import HostedProxy
@@ -82,7 +83,7 @@ class StackConfig(BaseModel):
         "prefix-cache reuse) | round_robin (each request to the next)",
     )
     stream_headers_after_s: float | None = Field(
-        20.0,
+        _ProxyDefaults.stream_headers_after_s,
         gt=0,
         description="a stream whose first token takes longer gets its headers alone (Gemini CLI gives up on headers "
         "after 60 s; proxy/streaming.py) | None: headers with the first token",
