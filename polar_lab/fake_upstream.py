@@ -61,6 +61,8 @@ class FakeUpstream:
     port: int = 0
     behaviour: FakeBehaviour = field(default_factory=FakeBehaviour)
     requests: list[dict[str, Any]] = field(default_factory=list)
+    # calls whose client hung up while they waited (`delay_s`): vLLM aborts such a request and frees its engine slot
+    abandoned: int = 0
     _runner: web.AppRunner | None = None
     _cache: dict[Any, bytes] = field(default_factory=dict)
 
@@ -78,7 +80,7 @@ class FakeUpstream:
         return app
 
     async def start(self) -> FakeUpstream:
-        self._runner = web.AppRunner(self.app(), access_log=None)
+        self._runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         await site.start()
@@ -142,7 +144,11 @@ class FakeUpstream:
         if self.behaviour.keep_requests:
             self.requests.append(body)
         if self.behaviour.delay_s:
-            await asyncio.sleep(self.behaviour.delay_s)
+            try:
+                await asyncio.sleep(self.behaviour.delay_s)
+            except asyncio.CancelledError:  # the client hung up (handler cancellation)
+                self.abandoned += 1
+                raise
         if self.behaviour.fail_status:
             return web.json_response(
                 {

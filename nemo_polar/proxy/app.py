@@ -34,7 +34,7 @@ from nemo_polar.proxy.generation import CallContext, Generator, plan_kind
 from nemo_polar.proxy.normalized import ChatRequest, ProviderError, RouteMatch
 from nemo_polar.proxy.sessions import Session, SessionManager
 from nemo_polar.proxy.store import RecordStore, StoreWriteError
-from nemo_polar.proxy.streaming import reply_stream
+from nemo_polar.proxy.streaming import commit_failure, left_error, reply_stream
 from nemo_polar.proxy.tuning import serving_loop, tune_serving_process
 from nemo_polar.types import CallKind, CompletionRecord
 
@@ -43,6 +43,8 @@ __all__ = ["Proxy", "ProxyConfig", "run"]
 log = logging.getLogger(__name__)
 
 STORE_RETRY_AFTER_S = 2.0  # a full disk is not freed at once
+# aiohttp server options of every proxy server (`Proxy.runner`, `run`): a handler is cancelled when its client hangs up
+SERVER_OPTIONS: dict[str, Any] = {"handler_cancellation": True}
 _SAMPLING_OVERRIDES = ("temperature", "top_p", "top_k", "seed")
 _KINDS = {
     400: "invalid_request",
@@ -129,6 +131,12 @@ class Proxy:
         self.admin.add_routes(r)
         r.add_route("*", "/{tail:.*}", self._dialect_route)  # harness calls: the dialect registry routes them
         return app
+
+    def runner(self) -> web.AppRunner:
+        """The app's runner as every server of the proxy runs it (`run`, `rollout.proxylink.HostedProxy`): with
+        aiohttp's handler cancellation, so a harness that hangs up mid-call (its own timeout, a killed session)
+        stops the engine's work on the answer and leaves a `client_disconnected` failure record (`_left`)."""
+        return web.AppRunner(self.make_app(), access_log=None, **SERVER_OPTIONS)
 
     # -- Python API ------------------------------------------------------------------------------------------------
 
@@ -343,6 +351,9 @@ class Proxy:
             if stepped:
                 session.give_back_step(rec.call_kind)
             return await self._fail(mod, rec, err, None)
+        except asyncio.CancelledError:  # the client hung up while the call waited (a paused admission)
+            await self._left(request, session, rec, None, give_back=stepped)
+            raise
         call = EngineCall(req, rec.served_model, sampling, session.session_id)
         ctx = CallContext(session, rec.call_kind, call, step, kind, text)
         rec.origin = ctx.origin
@@ -370,15 +381,38 @@ class Proxy:
                     headers_after_s=self.config.stream_headers_after_s,
                     give_back=lambda: session.give_back_step(rec.call_kind),
                 )
-            gen = await self.generator.run(ctx)
-            assert gen.result is not None
-            await self.store.commit(recording.completed(rec, call, gen))
+            committing = False
+            try:
+                gen = await self.generator.run(ctx)
+                assert gen.result is not None
+                committing = True  # from here the record is the answer's, whether or not the client reads it
+                await self.store.commit(recording.completed(rec, call, gen))
+            except asyncio.CancelledError:
+                if not committing:
+                    await self._left(request, session, rec, call, give_back=True)
+                raise
             out = mod.render_response(gen.result, req)
             return web.Response(body=orjson.dumps(out), content_type="application/json")
         except ProviderError as err:
             return await fail(err)
         finally:
             self.admission.leave()
+
+    async def _left(
+        self,
+        request: web.Request,
+        session: Session,
+        rec: CompletionRecord,
+        call: EngineCall | None,
+        *,
+        give_back: bool,
+    ) -> None:
+        """The handler was cancelled before the answer: its client hung up (aiohttp's handler cancellation; the
+        upstream call was closed with it, so the engine stops) or the server is shutting down. A failure record, and
+        the plan step given back: the harness saw nothing of the answer."""
+        if give_back:
+            session.give_back_step(rec.call_kind)
+        await asyncio.shield(commit_failure(self.store, rec, call, left_error(request)))
 
     async def _fail(
         self, mod: ModuleType, rec: CompletionRecord, err: ProviderError, call: EngineCall | None
@@ -408,4 +442,6 @@ def run(
         print(f"control token: {proxy.control_token}", flush=True)
     app = proxy.make_app()
     app.on_startup.append(_settle)
-    web.run_app(app, host=host, port=port, access_log=None, print=None, handle_signals=True, loop=loop)
+    web.run_app(
+        app, host=host, port=port, access_log=None, print=None, handle_signals=True, loop=loop, **SERVER_OPTIONS
+    )

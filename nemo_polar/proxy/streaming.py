@@ -14,6 +14,10 @@ response whose headers have not come (Gemini CLI's fetch: 60 s, then it retries 
 not come `headers_after_s` after the call began, the status line and headers leave alone (no body byte: Google's
 stream parser accepts no SSE comment). A failure after that is a dropped connection; while no event has been sent,
 the plan step is given back (`give_back`), so the client's retry gets the same step.
+
+A client that hangs up: the proxy's server cancels the handler (`app.SERVER_OPTIONS`); before the first event that is
+`hung_up` (the upstream call closed, the plan step given back, a `client_disconnected` failure record), after it the
+same failure record as a write that fails.
 """
 
 from __future__ import annotations
@@ -31,10 +35,10 @@ from aiohttp import web
 from nemo_polar.proxy import recording
 from nemo_polar.proxy.engines.base import EngineCall, Generation
 from nemo_polar.proxy.normalized import ChatRequest, ProviderError, StreamEvent
-from nemo_polar.proxy.store import RecordStore, StoreWriteError
+from nemo_polar.proxy.store import RecordStore, StoreClosed, StoreWriteError
 from nemo_polar.types import CompletionRecord
 
-__all__ = ["coalesce", "reply_stream"]
+__all__ = ["coalesce", "commit_failure", "left_error", "reply_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +72,16 @@ async def reply_stream(
     if headers_after_s is not None:
         early = _EarlyHeaders(request, pending, headers)
         timer = asyncio.get_running_loop().call_later(headers_after_s, early.start)
+
+    async def hung_up() -> None:
+        """The handler was cancelled (its client hung up) before any event reached the client."""
+        if early is not None and early.task is not None:
+            early.task.cancel()
+        await events.aclose()  # the upstream call is closed: the engine stops working on the answer
+        if give_back is not None:
+            give_back()
+        await asyncio.shield(commit_failure(store, rec, call, left_error(request)))
+
     first: list[StreamEvent] | None = None
     try:
         first = await events.__anext__()
@@ -78,19 +92,26 @@ async def reply_stream(
             await _quiet(pending)
             return await fail_early(err)
         return await early.failed(store, rec, call, recording.error_dict(err), give_back)
+    except asyncio.CancelledError:
+        await hung_up()
+        raise
     finally:
         if timer is not None:
             timer.cancel()
-    if early is not None and early.task is not None:
-        try:
-            resp = await early.task
-        except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
-            await events.aclose()
-            error = {"type": "client_disconnected", "message": f"the client went away before the answer ({exc})"}
-            return await early.failed(store, rec, call, error, give_back)
-    else:
-        await pending  # the placeholder is on disk before the first byte leaves
-        resp = _SSEResponse(headers=headers)
+    try:
+        if early is not None and early.task is not None:
+            try:
+                resp = await early.task
+            except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
+                await events.aclose()
+                error = {"type": "client_disconnected", "message": f"the client went away before the answer ({exc})"}
+                return await early.failed(store, rec, call, error, give_back)
+        else:
+            await pending  # the placeholder is on disk before the first byte leaves
+            resp = _SSEResponse(headers=headers)
+    except asyncio.CancelledError:
+        await hung_up()
+        raise
     renderer = mod.StreamRenderer(req, "resp_" + rec.id)
     sent = False
     try:
@@ -102,7 +123,7 @@ async def reply_stream(
             async for batch in events:
                 await _write(resp, _render(renderer, batch))
     except ProviderError as err:  # upstream broke mid-stream: the client cannot get a clean ending
-        await _failed(store, rec, call, recording.error_dict(err))
+        await commit_failure(store, rec, call, recording.error_dict(err))
         _drop_connection(request)
         return resp
     except (ConnectionResetError, aiohttp.ClientConnectionResetError, asyncio.CancelledError) as exc:
@@ -110,7 +131,7 @@ async def reply_stream(
         if not sent and give_back is not None:
             give_back()  # nothing of the answer reached the client: its retry gets the same plan step
         error = {"type": "client_disconnected", "message": f"the client went away mid-stream ({type(exc).__name__})"}
-        await asyncio.shield(_failed(store, rec, call, error))
+        await asyncio.shield(commit_failure(store, rec, call, error))
         if isinstance(exc, asyncio.CancelledError):
             raise
         return resp
@@ -166,19 +187,30 @@ class _EarlyHeaders:
             await self.task
         if give_back is not None:
             give_back()
-        await _failed(store, rec, call, error)
+        await commit_failure(store, rec, call, error)
         _drop_connection(self.request)
         if not self.task.cancelled() and self.task.exception() is None:  # done: awaited above
             return self.task.result()
         return web.StreamResponse()  # the client left before its headers: nothing more is written
 
 
-async def _failed(store: RecordStore, rec: CompletionRecord, call: EngineCall, error: dict[str, Any]) -> None:
-    log.info("stream %s failed: %s", rec.id, error)
+async def commit_failure(
+    store: RecordStore, rec: CompletionRecord, call: EngineCall | None, error: dict[str, Any]
+) -> None:
+    """The failure record of a call whose client can no longer be told (a cut stream, a client that hung up)."""
+    log.info("call %s failed: %s", rec.id, error)
     try:
         await store.commit(recording.failed(rec, error, call))
-    except StoreWriteError as exc:  # the stream is already lost to the client; the disk is the second failure
-        log.warning("stream %s: failure record not kept (%s)", rec.id, exc)
+    except (StoreWriteError, StoreClosed) as exc:  # the answer is already lost to the client; the disk (or a
+        log.warning("call %s: failure record not kept (%s)", rec.id, exc)  # shutdown) is the second failure
+
+
+def left_error(request: web.Request) -> dict[str, Any]:
+    """The error of a call whose handler was cancelled: its client hung up, or (the connection still open) the server
+    is shutting down."""
+    if request.transport is None or request.transport.is_closing():
+        return {"type": "client_disconnected", "message": "the client went away before the answer"}
+    return {"type": "cancelled", "message": "the call was cancelled before the answer (the server is stopping)"}
 
 
 def _render(renderer: Any, batch: list[StreamEvent]) -> list[bytes]:

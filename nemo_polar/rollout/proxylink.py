@@ -67,7 +67,7 @@ class HostedProxy:
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> HostedProxy:
-        self._runner = web.AppRunner(self.proxy.make_app(), access_log=None)
+        self._runner = self.proxy.runner()  # with handler cancellation: a hung-up call stops
         await self._runner.setup()
         site = web.TCPSite(self._runner, "127.0.0.1", self.port)
         await site.start()

@@ -77,7 +77,7 @@ class Stack:
         )
 
         async def up() -> web.AppRunner:
-            runner = web.AppRunner(self.proxy.make_app(), access_log=None)
+            runner = self.proxy.runner()
             await runner.setup()
             site = web.TCPSite(runner, "127.0.0.1", 0)
             await site.start()

@@ -83,7 +83,7 @@ def _start_stack(kind: str, upstream_url: str, served_model: str, tmp: Path, bac
     )
 
     async def up() -> tuple[web.AppRunner, CountingRelay]:
-        runner = web.AppRunner(proxy.make_app(), access_log=None)
+        runner = proxy.runner()
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()

@@ -282,7 +282,7 @@ def polar_proxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
     def serve() -> None:
         asyncio.set_event_loop(loop)
         proxy = Proxy(ProxyConfig(upstreams=["http://127.0.0.1:9"], store_dir=str(tmp_path / "store")))
-        runner = web.AppRunner(proxy.make_app())
+        runner = proxy.runner()
         loop.run_until_complete(runner.setup())
         site = web.TCPSite(runner, "127.0.0.1", 0)
         loop.run_until_complete(site.start())

@@ -133,7 +133,7 @@ def make_proxy(loop_thread: LoopThread, tmp_path: Any) -> Iterator[Any]:
         proxy = Proxy(ProxyConfig(upstreams=upstreams, **cfg))
 
         async def start() -> web.AppRunner:
-            runner = web.AppRunner(proxy.make_app(), access_log=None)
+            runner = proxy.runner()
             await runner.setup()
             await web.TCPSite(runner, "127.0.0.1", 0).start()
             return runner

@@ -139,7 +139,7 @@ def served(request):
     proxy = Proxy(ProxyConfig(upstreams=[fake.base_url], store_dir=str(tmp), max_body_bytes=1024 * 1024))
 
     async def start():
-        runner = web.AppRunner(proxy.make_app(), access_log=None)
+        runner = proxy.runner()
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         return runner

@@ -55,7 +55,7 @@ def _serve(lt: LoopThread, tmp: Any, upstreams: list[str], **cfg: Any) -> ProxyH
     proxy = Proxy(ProxyConfig(upstreams=upstreams, store_dir=str(tmp), control_token="t", **cfg))
 
     async def start() -> web.AppRunner:
-        runner = web.AppRunner(proxy.make_app(), access_log=None)
+        runner = proxy.runner()
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         return runner

@@ -42,7 +42,7 @@ def _serve(lt: LoopThread, tmp: Any, upstream: str, **cfg: Any) -> ProxyHandle:
     proxy = Proxy(ProxyConfig(upstreams=[upstream], store_dir=str(tmp), control_token="t", **cfg))
 
     async def start() -> web.AppRunner:
-        runner = web.AppRunner(proxy.make_app(), access_log=None)
+        runner = proxy.runner()
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         return runner

@@ -52,7 +52,7 @@ def serve(lt: LoopThread, store: Any, upstream: str, **cfg: Any) -> ProxyHandle:
     proxy = Proxy(ProxyConfig(upstreams=[upstream], store_dir=str(store), control_token="t", **cfg))
 
     async def start() -> web.AppRunner:
-        runner = web.AppRunner(proxy.make_app(), access_log=None)
+        runner = proxy.runner()
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", 0).start()
         return runner

@@ -341,7 +341,7 @@ class ProxySide:
     async def start(self) -> ProxySide:
         await self.fake.start()
         self.proxy = Proxy(ProxyConfig(upstreams=[self.fake.base_url], store_dir=str(self.store_dir)))
-        self.runner = web.AppRunner(self.proxy.make_app(), access_log=None)
+        self.runner = self.proxy.runner()
         await self.runner.setup()
         await web.TCPSite(self.runner, "127.0.0.1", 0).start()
         self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
