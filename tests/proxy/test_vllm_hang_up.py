@@ -6,9 +6,12 @@ cancellation; tests/proxy/test_hang_up.py has the FAKE-upstream details), and vL
 left. vLLM 0.32's `/metrics` shows it: the request's HTTP handler ends (`http_requests_total` of the chat route goes
 up) while the engine never finishes the request (`vllm:e2e_request_latency_seconds_count`, which every finished
 request adds to, stays put; the abort reason of `vllm:request_success_total` stays at 0 in this version, checked by
-hand). Each test first times one streamed call of an uncached prompt, then sends another of the same size with a fresh
-prefix and hangs up half way to its first token (a stream) or half way through it (a plain call). Without the cancellation the proxy keeps the request to its end: its
-handler ends only after the engine finished it, and the test fails.
+hand). Each test first times one streamed call of an uncached prompt, then sends another of the same size with a
+fresh prefix and hangs up half way to its first token (a stream) or half way through it (a plain call). Without the
+cancellation the proxy keeps a plain call to its end (its vLLM handler ends only after the engine finished it: the
+plain tests fail, checked); a stream it then closes at its first event's write, after the prefill, which vLLM also
+counts as an abort, so the streamed tests show real vLLM aborting, and the FAKE-upstream test shows that the close
+now comes before the first token.
 """
 
 from __future__ import annotations
