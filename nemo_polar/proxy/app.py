@@ -34,7 +34,7 @@ from nemo_polar.proxy.generation import CallContext, Generator, plan_kind
 from nemo_polar.proxy.normalized import ChatRequest, ProviderError, RouteMatch
 from nemo_polar.proxy.sessions import Session, SessionManager
 from nemo_polar.proxy.store import RecordStore, StoreWriteError
-from nemo_polar.proxy.streaming import commit_failure, left_error, reply_stream
+from nemo_polar.proxy.streaming import client_left, reply_stream
 from nemo_polar.proxy.tuning import serving_loop, tune_serving_process
 from nemo_polar.types import CallKind, CompletionRecord
 
@@ -135,7 +135,7 @@ class Proxy:
     def runner(self) -> web.AppRunner:
         """The app's runner as every server of the proxy runs it (`run`, `rollout.proxylink.HostedProxy`): with
         aiohttp's handler cancellation, so a harness that hangs up mid-call (its own timeout, a killed session)
-        stops the engine's work on the answer and leaves a `client_disconnected` failure record (`_left`)."""
+        stops the engine's work on the answer and leaves a `client_disconnected` failure record (`streaming.client_left`)."""
         return web.AppRunner(self.make_app(), access_log=None, **SERVER_OPTIONS)
 
     # -- Python API ------------------------------------------------------------------------------------------------
@@ -337,6 +337,10 @@ class Proxy:
     ) -> web.StreamResponse:
         rec = recording.open_record(session, mod.DIALECT.value, arrived, body, req.model)
         stepped = False
+
+        def give_back() -> None:  # the harness saw nothing of this call's answer: its retry gets the same plan step
+            session.give_back_step(rec.call_kind)
+
         try:
             normalized = req.normalized_dict()
             rec.call_kind = self._classify(session, normalized)
@@ -349,10 +353,10 @@ class Proxy:
             await self.admission.admit()
         except ProviderError as err:
             if stepped:
-                session.give_back_step(rec.call_kind)
+                give_back()
             return await self._fail(mod, rec, err, None)
         except asyncio.CancelledError:  # the client hung up while the call waited (a paused admission)
-            await self._left(request, session, rec, None, give_back=stepped)
+            await client_left(request, self.store, rec, None, give_back if stepped else None)
             raise
         call = EngineCall(req, rec.served_model, sampling, session.session_id)
         ctx = CallContext(session, rec.call_kind, call, step, kind, text)
@@ -360,7 +364,7 @@ class Proxy:
         rec.policy_version = self.policy_version
 
         async def fail(err: ProviderError) -> web.Response:
-            session.give_back_step(rec.call_kind)
+            give_back()
             return await self._fail(mod, rec, err, call)
 
         self.admission.enter()
@@ -379,7 +383,7 @@ class Proxy:
                     self.store,
                     fail,
                     headers_after_s=self.config.stream_headers_after_s,
-                    give_back=lambda: session.give_back_step(rec.call_kind),
+                    give_back=give_back,
                 )
             committing = False
             try:
@@ -387,9 +391,9 @@ class Proxy:
                 assert gen.result is not None
                 committing = True  # from here the record is the answer's, whether or not the client reads it
                 await self.store.commit(recording.completed(rec, call, gen))
-            except asyncio.CancelledError:
+            except asyncio.CancelledError:  # the client hung up; the upstream call was closed with the handler
                 if not committing:
-                    await self._left(request, session, rec, call, give_back=True)
+                    await client_left(request, self.store, rec, call, give_back)
                 raise
             out = mod.render_response(gen.result, req)
             return web.Response(body=orjson.dumps(out), content_type="application/json")
@@ -397,22 +401,6 @@ class Proxy:
             return await fail(err)
         finally:
             self.admission.leave()
-
-    async def _left(
-        self,
-        request: web.Request,
-        session: Session,
-        rec: CompletionRecord,
-        call: EngineCall | None,
-        *,
-        give_back: bool,
-    ) -> None:
-        """The handler was cancelled before the answer: its client hung up (aiohttp's handler cancellation; the
-        upstream call was closed with it, so the engine stops) or the server is shutting down. A failure record, and
-        the plan step given back: the harness saw nothing of the answer."""
-        if give_back:
-            session.give_back_step(rec.call_kind)
-        await asyncio.shield(commit_failure(self.store, rec, call, left_error(request)))
 
     async def _fail(
         self, mod: ModuleType, rec: CompletionRecord, err: ProviderError, call: EngineCall | None

@@ -15,9 +15,9 @@ not come `headers_after_s` after the call began, the status line and headers lea
 stream parser accepts no SSE comment). A failure after that is a dropped connection; while no event has been sent,
 the plan step is given back (`give_back`), so the client's retry gets the same step.
 
-A client that hangs up: the proxy's server cancels the handler (`app.SERVER_OPTIONS`); before the first event that is
-`hung_up` (the upstream call closed, the plan step given back, a `client_disconnected` failure record), after it the
-same failure record as a write that fails.
+A client that hangs up: the proxy's server cancels the handler (`app.SERVER_OPTIONS`); before the first event the
+upstream call is closed and `client_left` gives the plan step back and writes a `client_disconnected` failure record;
+after it, the same failure record as a write that fails.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from nemo_polar.proxy.normalized import ChatRequest, ProviderError, StreamEvent
 from nemo_polar.proxy.store import RecordStore, StoreClosed, StoreWriteError
 from nemo_polar.types import CompletionRecord
 
-__all__ = ["coalesce", "commit_failure", "left_error", "reply_stream"]
+__all__ = ["client_left", "coalesce", "reply_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -73,32 +73,20 @@ async def reply_stream(
         early = _EarlyHeaders(request, pending, headers)
         timer = asyncio.get_running_loop().call_later(headers_after_s, early.start)
 
-    async def hung_up() -> None:
-        """The handler was cancelled (its client hung up) before any event reached the client."""
-        if early is not None and early.task is not None:
-            early.task.cancel()
-        await events.aclose()  # the upstream call is closed: the engine stops working on the answer
-        if give_back is not None:
-            give_back()
-        await asyncio.shield(commit_failure(store, rec, call, left_error(request)))
-
     first: list[StreamEvent] | None = None
-    try:
-        first = await events.__anext__()
-    except StopAsyncIteration:
-        pass
-    except ProviderError as err:
-        if early is None or early.task is None:  # nothing sent yet: a proper HTTP error in the caller's shape
-            await _quiet(pending)
-            return await fail_early(err)
-        return await early.failed(store, rec, call, recording.error_dict(err), give_back)
-    except asyncio.CancelledError:
-        await hung_up()
-        raise
-    finally:
-        if timer is not None:
-            timer.cancel()
-    try:
+    try:  # until the response exists: a cancellation here means nothing of the answer reached the client
+        try:
+            first = await events.__anext__()
+        except StopAsyncIteration:
+            pass
+        except ProviderError as err:
+            if early is None or early.task is None:  # nothing sent yet: a proper HTTP error in the caller's shape
+                await _quiet(pending)
+                return await fail_early(err)
+            return await early.failed(store, rec, call, recording.error_dict(err), give_back)
+        finally:
+            if timer is not None:
+                timer.cancel()
         if early is not None and early.task is not None:
             try:
                 resp = await early.task
@@ -109,8 +97,11 @@ async def reply_stream(
         else:
             await pending  # the placeholder is on disk before the first byte leaves
             resp = _SSEResponse(headers=headers)
-    except asyncio.CancelledError:
-        await hung_up()
+    except asyncio.CancelledError:  # the client hung up (module docstring)
+        if early is not None and early.task is not None:
+            early.task.cancel()
+        await events.aclose()  # the upstream call is closed: the engine stops working on the answer
+        await client_left(request, store, rec, call, give_back)
         raise
     renderer = mod.StreamRenderer(req, "resp_" + rec.id)
     sent = False
@@ -205,12 +196,23 @@ async def commit_failure(
         log.warning("call %s: failure record not kept (%s)", rec.id, exc)  # shutdown) is the second failure
 
 
-def left_error(request: web.Request) -> dict[str, Any]:
-    """The error of a call whose handler was cancelled: its client hung up, or (the connection still open) the server
-    is shutting down."""
+async def client_left(
+    request: web.Request,
+    store: RecordStore,
+    rec: CompletionRecord,
+    call: EngineCall | None,
+    give_back: Callable[[], None] | None,
+) -> None:
+    """A call whose handler was cancelled before any of its answer reached the client: the plan step given back and
+    a failure record, `client_disconnected` (its client hung up) or `cancelled` (the connection still open: the
+    server is stopping); the record is written even if the handler is cancelled again."""
+    if give_back is not None:
+        give_back()
     if request.transport is None or request.transport.is_closing():
-        return {"type": "client_disconnected", "message": "the client went away before the answer"}
-    return {"type": "cancelled", "message": "the call was cancelled before the answer (the server is stopping)"}
+        error = {"type": "client_disconnected", "message": "the client went away before the answer"}
+    else:
+        error = {"type": "cancelled", "message": "the call was cancelled before the answer (the server is stopping)"}
+    await asyncio.shield(commit_failure(store, rec, call, error))
 
 
 def _render(renderer: Any, batch: list[StreamEvent]) -> list[bytes]:
