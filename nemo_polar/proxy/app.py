@@ -34,7 +34,7 @@ from nemo_polar.proxy.generation import CallContext, Generator, plan_kind
 from nemo_polar.proxy.normalized import ChatRequest, ProviderError, RouteMatch
 from nemo_polar.proxy.sessions import Session, SessionManager
 from nemo_polar.proxy.store import RecordStore, StoreWriteError
-from nemo_polar.proxy.streaming import client_left, reply_stream
+from nemo_polar.proxy.streaming import client_left, reply_plain_early, reply_stream
 from nemo_polar.proxy.tuning import serving_loop, tune_serving_process
 from nemo_polar.types import CallKind, CompletionRecord
 
@@ -383,6 +383,20 @@ class Proxy:
                     self.store,
                     fail,
                     headers_after_s=self.config.stream_headers_after_s,
+                    give_back=give_back,
+                )
+            after_s = self.config.stream_headers_after_s
+            if after_s is not None and getattr(mod, "EARLY_PLAIN_HEADERS", False):
+                return await reply_plain_early(
+                    request,
+                    mod,
+                    req,
+                    rec,
+                    call,
+                    self.generator.run(ctx),
+                    self.store,
+                    fail,
+                    headers_after_s=after_s,
                     give_back=give_back,
                 )
             committing = False

@@ -108,7 +108,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         default=_Defaults.stream_headers_after_s,
         metavar="S",
         help="send a stream's headers alone when its first token takes longer than S seconds (some harnesses give "
-        "up on headers after 60 s); `never`: always with the first token (default: %(default)s)",
+        "up on headers after 60 s), and a Google generateContent call's when its answer does; `never`: always with "
+        "the first token (default: %(default)s)",
     )
     p.add_argument(
         "--event-loop",

@@ -61,6 +61,7 @@ class ProxyConfig:
     stream_interval: int | None = None
     # A stream whose first event has not come this many seconds after the call began gets its status line and headers
     # alone (proxy/streaming.py): a long prefill on a busy engine outlasts some harnesses' wait for headers (Gemini
-    # CLI gives up after 60 s and retries). A failure after that is a dropped connection, not an HTTP error. None: the
-    # headers always leave with the first event.
+    # CLI gives up after 60 s and retries); so does a Google plain `generateContent` call (Gemini CLI's side calls have
+    # the same deadline), whose JSON body follows with the answer. A failure after that is a dropped connection, not an
+    # HTTP error. None: the headers always leave with the first event (the answer).
     stream_headers_after_s: float | None = 20.0

@@ -18,6 +18,13 @@ the plan step is given back (`give_back`), so the client's retry gets the same s
 A client that hangs up: the proxy's server cancels the handler (`app.SERVER_OPTIONS`); before the first event the
 upstream call is closed and `client_left` gives the plan step back and writes a `client_disconnected` failure record;
 after it, the same failure record as a write that fails.
+
+Google's plain `generateContent` (`reply_plain_early`): Gemini CLI's fetch has the same 60 s headers deadline for
+its non-streamed calls (the routing classifier, the next-speaker and loop checks, with the whole history), so a
+dialect module with `EARLY_PLAIN_HEADERS` gets the same early headers for a plain call (`Content-Type:
+application/json`, chunked): the JSON body then leaves in one write once the record is committed. The other dialects'
+plain calls keep their headers until the answer, so an upstream failure stays a retryable 5xx in the caller's shape
+(the Anthropic and OpenAI SDKs retry a failed request, but not a body that breaks after a 200).
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from types import ModuleType
 from typing import Any
 
 import aiohttp
+import orjson
 from aiohttp import web
 
 from nemo_polar.proxy import recording
@@ -38,7 +46,7 @@ from nemo_polar.proxy.normalized import ChatRequest, ProviderError, StreamEvent
 from nemo_polar.proxy.store import RecordStore, StoreClosed, StoreWriteError
 from nemo_polar.types import CompletionRecord
 
-__all__ = ["client_left", "coalesce", "reply_stream"]
+__all__ = ["client_left", "coalesce", "reply_plain_early", "reply_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -137,6 +145,63 @@ async def reply_stream(
         await resp.write_eof(b"".join(renderer.finish(gen.result)))  # the terminal event and the body's end: one write
     except (ConnectionResetError, aiohttp.ClientConnectionResetError):
         log.info("client of %s left before the terminal event", rec.id)
+    return resp
+
+
+async def reply_plain_early(
+    request: web.Request,
+    mod: ModuleType,
+    req: ChatRequest,
+    rec: CompletionRecord,
+    call: EngineCall,
+    answer: Awaitable[Generation],
+    store: RecordStore,
+    fail_early: Callable[[ProviderError], Awaitable[web.Response]],
+    *,
+    headers_after_s: float,
+    give_back: Callable[[], None],
+) -> web.StreamResponse:
+    """A plain call's answer (`answer`: the generation) whose headers leave alone if it takes longer than
+    `headers_after_s` (module docstring); before that, exactly the proxy's usual plain reply."""
+    task = asyncio.ensure_future(answer)
+    early: _EarlyHeaders | None = None
+    committing = False
+    try:
+        done, _ = await asyncio.wait((task,), timeout=headers_after_s)
+        if not done:
+            early = _EarlyHeaders(request, store.put_pending(rec), {"Content-Type": "application/json"})
+            early.start()
+        try:
+            gen = await task
+        except ProviderError as err:
+            if early is None:
+                return await fail_early(err)
+            return await early.failed(store, rec, call, recording.error_dict(err), give_back)
+        resp: web.StreamResponse | None = None
+        if early is not None:
+            assert early.task is not None
+            try:
+                resp = await early.task
+            except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
+                error = {"type": "client_disconnected", "message": f"the client went away before the answer ({exc})"}
+                return await early.failed(store, rec, call, error, give_back)
+        assert gen.result is not None
+        committing = True  # from here the record is the answer's, whether or not the client reads it
+        await store.commit(recording.completed(rec, call, gen))
+    except asyncio.CancelledError:  # the client hung up: the upstream call is closed, nothing reached the client
+        task.cancel()
+        if early is not None and early.task is not None:
+            early.task.cancel()
+        if not committing:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task  # its upstream call closed before the record says so
+            await client_left(request, store, rec, call, give_back)
+        raise
+    body = orjson.dumps(mod.render_response(gen.result, req))
+    if resp is None:
+        return web.Response(body=body, content_type="application/json")
+    with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
+        await resp.write_eof(body)
     return resp
 
 

@@ -86,7 +86,7 @@ class StackConfig(BaseModel):
         _ProxyDefaults.stream_headers_after_s,
         gt=0,
         description="a stream whose first token takes longer gets its headers alone (Gemini CLI gives up on headers "
-        "after 60 s; proxy/streaming.py) | None: headers with the first token",
+        "after 60 s; proxy/streaming.py), as does a Google generateContent call | None: headers with the answer",
     )
     session_deltas: bool = Field(
         True,

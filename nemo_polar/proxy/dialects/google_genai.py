@@ -27,6 +27,9 @@ from nemo_polar.proxy.normalized import ChatRequest, ChatResult, ProviderError, 
 from nemo_polar.types import Dialect
 
 DIALECT = Dialect.GOOGLE_GENAI
+# Gemini CLI's fetch gives up on any response whose headers take 60 s, non-streamed calls too: a slow plain call gets
+# its headers early, like a slow stream (proxy/streaming.py, `reply_plain_early`)
+EARLY_PLAIN_HEADERS = True
 ROUTES: list[tuple[str, str, str]] = [
     ("POST", "/v1beta/models/{model}:generateContent", "generate_content"),
     ("POST", "/v1beta/models/{model}:streamGenerateContent", "stream_generate_content"),
