@@ -19,12 +19,12 @@ A client that hangs up: the proxy's server cancels the handler (`app.SERVER_OPTI
 upstream call is closed and `client_left` gives the plan step back and writes a `client_disconnected` failure record;
 after it, the same failure record as a write that fails.
 
-Google's plain `generateContent` (`reply_plain_early`): Gemini CLI's fetch has the same 60 s headers deadline for
-its non-streamed calls (the routing classifier, the next-speaker and loop checks, with the whole history), so a
-dialect module with `EARLY_PLAIN_HEADERS` gets the same early headers for a plain call (`Content-Type:
-application/json`, chunked): the JSON body then leaves in one write once the record is committed. The other dialects'
-plain calls keep their headers until the answer, so an upstream failure stays a retryable 5xx in the caller's shape
-(the Anthropic and OpenAI SDKs retry a failed request, but not a body that breaks after a 200).
+Google's plain `generateContent` (`reply_plain_early`): Gemini CLI's fetch has the same 60 s headers deadline for its
+non-streamed calls (the routing classifier, the next-speaker and loop checks), which queue behind other sessions'
+prefills on a busy engine; so a dialect module with `EARLY_PLAIN_HEADERS` gets the same early headers for a plain call
+(`Content-Type: application/json`, chunked): the JSON body then leaves in one write once the record is committed. The
+other dialects' plain calls keep their headers until the answer, so an upstream failure stays a retryable 5xx in the
+caller's shape (the Anthropic and OpenAI SDKs retry a failed request, but not a body that breaks after a 200).
 """
 
 from __future__ import annotations
