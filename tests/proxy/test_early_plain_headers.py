@@ -19,6 +19,8 @@ import time
 import openai
 import pytest
 
+from .test_early_headers import _wait_records as _records
+
 GOOGLE_PLAIN = "/v1beta/models/g:generateContent"
 CONTENTS = {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}
 PLAN = {"version": 1, "steps": [{"text": "FIRST"}, {"text": "SECOND"}]}
@@ -34,16 +36,6 @@ def _post(port: int, key: str, *, headers_deadline_s: float, path: str = GOOGLE_
     assert conn.sock is not None
     conn.sock.settimeout(60)
     return resp
-
-
-def _records(h, session_id: str, n: int) -> list:
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        recs = h.records(session_id)
-        if len(recs) >= n and all(r.error is not None or r.generation_token_ids for r in recs):
-            return recs
-        time.sleep(0.05)
-    return h.records(session_id)
 
 
 def _text(answer: dict) -> str:
