@@ -34,7 +34,7 @@ from nemo_polar.proxy.generation import CallContext, Generator, plan_kind
 from nemo_polar.proxy.normalized import ChatRequest, ProviderError, RouteMatch
 from nemo_polar.proxy.sessions import Session, SessionManager
 from nemo_polar.proxy.store import RecordStore, StoreWriteError
-from nemo_polar.proxy.streaming import client_left, reply_plain_early, reply_stream
+from nemo_polar.proxy.streaming import client_left, reply_plain, reply_stream
 from nemo_polar.proxy.tuning import serving_loop, tune_serving_process
 from nemo_polar.types import CallKind, CompletionRecord
 
@@ -385,32 +385,19 @@ class Proxy:
                     headers_after_s=self.config.stream_headers_after_s,
                     give_back=give_back,
                 )
-            after_s = self.config.stream_headers_after_s
-            if after_s is not None and getattr(mod, "EARLY_PLAIN_HEADERS", False):
-                return await reply_plain_early(
-                    request,
-                    mod,
-                    req,
-                    rec,
-                    call,
-                    self.generator.run(ctx),
-                    self.store,
-                    fail,
-                    headers_after_s=after_s,
-                    give_back=give_back,
-                )
-            committing = False
-            try:
-                gen = await self.generator.run(ctx)
-                assert gen.result is not None
-                committing = True  # from here the record is the answer's, whether or not the client reads it
-                await self.store.commit(recording.completed(rec, call, gen))
-            except asyncio.CancelledError:  # the client hung up; the upstream call was closed with the handler
-                if not committing:
-                    await client_left(request, self.store, rec, call, give_back)
-                raise
-            out = mod.render_response(gen.result, req)
-            return web.Response(body=orjson.dumps(out), content_type="application/json")
+            early_plain = getattr(mod, "EARLY_PLAIN_HEADERS", False)  # Google's: proxy/streaming.py
+            return await reply_plain(
+                request,
+                mod,
+                req,
+                rec,
+                call,
+                self.generator.run(ctx),
+                self.store,
+                fail,
+                headers_after_s=self.config.stream_headers_after_s if early_plain else None,
+                give_back=give_back,
+            )
         except ProviderError as err:
             return await fail(err)
         finally:

@@ -19,7 +19,7 @@ A client that hangs up: the proxy's server cancels the handler (`app.SERVER_OPTI
 upstream call is closed and `client_left` gives the plan step back and writes a `client_disconnected` failure record;
 after it, the same failure record as a write that fails.
 
-Google's plain `generateContent` (`reply_plain_early`): Gemini CLI's fetch has the same 60 s headers deadline for its
+Google's plain `generateContent` (`reply_plain`): Gemini CLI's fetch has the same 60 s headers deadline for its
 non-streamed calls (the routing classifier, the next-speaker and loop checks), which queue behind other sessions'
 prefills on a busy engine; so a dialect module with `EARLY_PLAIN_HEADERS` gets the same early headers for a plain call
 (`Content-Type: application/json`, chunked): the JSON body then leaves in one write once the record is committed. The
@@ -46,7 +46,7 @@ from nemo_polar.proxy.normalized import ChatRequest, ProviderError, StreamEvent
 from nemo_polar.proxy.store import RecordStore, StoreClosed, StoreWriteError
 from nemo_polar.types import CompletionRecord
 
-__all__ = ["client_left", "coalesce", "reply_plain_early", "reply_stream"]
+__all__ = ["client_left", "coalesce", "reply_plain", "reply_stream"]
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ async def reply_stream(
     return resp
 
 
-async def reply_plain_early(
+async def reply_plain(
     request: web.Request,
     mod: ModuleType,
     req: ChatRequest,
@@ -158,26 +158,30 @@ async def reply_plain_early(
     store: RecordStore,
     fail_early: Callable[[ProviderError], Awaitable[web.Response]],
     *,
-    headers_after_s: float,
+    headers_after_s: float | None,
     give_back: Callable[[], None],
 ) -> web.StreamResponse:
-    """A plain call's answer (`answer`: the generation) whose headers leave alone if it takes longer than
-    `headers_after_s` (module docstring); before that, exactly the proxy's usual plain reply."""
-    task = asyncio.ensure_future(answer)
+    """A plain call's answer (`answer`: the generation), committed before it leaves; `fail_early` answers an error
+    raised before any byte. With `headers_after_s` the headers leave alone if the answer takes longer (module
+    docstring: Google's plain calls); without, they leave with the answer."""
+    task = None if headers_after_s is None else asyncio.ensure_future(answer)
     early: _EarlyHeaders | None = None
+    resp: web.StreamResponse | None = None
     committing = False
     try:
-        done, _ = await asyncio.wait((task,), timeout=headers_after_s)
-        if not done:
-            early = _EarlyHeaders(request, store.put_pending(rec), {"Content-Type": "application/json"})
-            early.start()
         try:
-            gen = await task
+            if task is None:
+                gen = await answer  # a cancellation reaches the upstream call through this await
+            else:
+                done, _ = await asyncio.wait((task,), timeout=headers_after_s)
+                if not done:
+                    early = _EarlyHeaders(request, store.put_pending(rec), {"Content-Type": "application/json"})
+                    early.start()
+                gen = await task
         except ProviderError as err:
             if early is None:
                 return await fail_early(err)
             return await early.failed(store, rec, call, recording.error_dict(err), give_back)
-        resp: web.StreamResponse | None = None
         if early is not None:
             assert early.task is not None
             try:
@@ -189,12 +193,13 @@ async def reply_plain_early(
         committing = True  # from here the record is the answer's, whether or not the client reads it
         await store.commit(recording.completed(rec, call, gen))
     except asyncio.CancelledError:  # the client hung up: the upstream call is closed, nothing reached the client
-        task.cancel()
         if early is not None and early.task is not None:
             early.task.cancel()
-        if not committing:
+        if task is not None:
+            task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task  # its upstream call closed before the record says so
+        if not committing:
             await client_left(request, store, rec, call, give_back)
         raise
     body = orjson.dumps(mod.render_response(gen.result, req))

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Early headers for Google's plain `generateContent` (`streaming.reply_plain_early`, `EARLY_PLAIN_HEADERS`).
+"""Early headers for Google's plain `generateContent` (`streaming.reply_plain`, `EARLY_PLAIN_HEADERS`).
 
 Gemini CLI's fetch gives up on any response whose headers take 60 s, its non-streamed side calls too (the routing
 classifier, the next-speaker and loop checks). A slow plain Google call gets its status line and headers alone, then

@@ -28,7 +28,7 @@ from nemo_polar.types import Dialect
 
 DIALECT = Dialect.GOOGLE_GENAI
 # Gemini CLI's fetch gives up on any response whose headers take 60 s, non-streamed calls too: a slow plain call gets
-# its headers early, like a slow stream (proxy/streaming.py, `reply_plain_early`)
+# its headers early, like a slow stream (proxy/streaming.py, `reply_plain`)
 EARLY_PLAIN_HEADERS = True
 ROUTES: list[tuple[str, str, str]] = [
     ("POST", "/v1beta/models/{model}:generateContent", "generate_content"),
