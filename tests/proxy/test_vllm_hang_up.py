@@ -58,9 +58,8 @@ def _hang_up_stops_vllm(vllm: Any, make_proxy: Any, stream: bool) -> None:
     # hang up half way to the first token (a stream's headers come with it) or half way through a plain call
     give_up_s = first_s / 2 if stream else whole_s / 2
     headers = {"Authorization": f"Bearer {s.api_key}", "Content-Type": "application/json"}
-    for _ in range(
-        4
-    ):  # the timed call may have run slow (a fresh engine warming up): then the next one hangs up sooner
+    # the timed call may have run slow (a fresh engine warming up): then the next one hangs up sooner
+    for _ in range(4):
         handled, finished = _counts(vllm.base_url)
         conn = http.client.HTTPConnection("127.0.0.1", h.port, timeout=give_up_s)
         body = {"model": vllm.model, "messages": _messages(), "stream": stream}
