@@ -62,6 +62,13 @@ class Admission:
         self.in_flight += 1
         self.idle.clear()
 
+    def try_enter(self) -> bool:
+        """Enter at once when admitting (no await: nothing can pause in between); False while paused."""
+        if not self.admitting.is_set():
+            return False
+        self.enter()
+        return True
+
     def leave(self) -> None:
         self.in_flight -= 1
         if self.in_flight == 0:

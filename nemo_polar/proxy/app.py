@@ -350,24 +350,33 @@ class Proxy:
             rec.served_model = await self._resolve_model(session, req.model)
             sampling = self._enforce(req, session)
             rec.request = {**normalized, "sampling": sampling}
-            await self.admission.admit()
         except ProviderError as err:
             if stepped:
                 give_back()
             return await self._fail(mod, rec, err, None)
-        except asyncio.CancelledError:  # the client hung up while the call waited (a paused admission)
+        except asyncio.CancelledError:  # the client hung up while the served model was being resolved
             await client_left(request, self.store, rec, None, give_back if stepped else None)
             raise
         call = EngineCall(req, rec.served_model, sampling, session.session_id)
         ctx = CallContext(session, rec.call_kind, call, step, kind, text)
         rec.origin = ctx.origin
         rec.policy_version = self.policy_version
+        admitted = self.admission.try_enter()
+
+        async def admit() -> None:
+            """A call held by a paused admission (a weight update) waits inside its reply, so a slow stream's (and
+            Google's plain call's) early headers cover the wait (proxy/streaming.py); a wait past `pause_wait_s` is
+            a 503, or a dropped connection once the headers left."""
+            nonlocal admitted
+            await self.admission.admit()
+            self.admission.enter()
+            admitted = True
+            rec.policy_version = self.policy_version  # the weights that answer it
 
         async def fail(err: ProviderError) -> web.Response:
             give_back()
             return await self._fail(mod, rec, err, call)
 
-        self.admission.enter()
         try:
             if req.stream:
                 gen = Generation()
@@ -384,6 +393,7 @@ class Proxy:
                     fail,
                     headers_after_s=self.config.stream_headers_after_s,
                     give_back=give_back,
+                    admit=None if admitted else admit,
                 )
             early_plain = getattr(mod, "EARLY_PLAIN_HEADERS", False)  # Google's: proxy/streaming.py
             return await reply_plain(
@@ -392,16 +402,18 @@ class Proxy:
                 req,
                 rec,
                 call,
-                self.generator.run(ctx),
+                lambda: self.generator.run(ctx),
                 self.store,
                 fail,
                 headers_after_s=self.config.stream_headers_after_s if early_plain else None,
                 give_back=give_back,
+                admit=None if admitted else admit,
             )
         except ProviderError as err:
             return await fail(err)
         finally:
-            self.admission.leave()
+            if admitted:
+                self.admission.leave()
 
     async def _fail(
         self, mod: ModuleType, rec: CompletionRecord, err: ProviderError, call: EngineCall | None

@@ -13,7 +13,9 @@ Early headers: a long prompt on a busy engine can take minutes to its first toke
 response whose headers have not come (Gemini CLI's fetch: 60 s, then it retries the call). When the first event has
 not come `headers_after_s` after the call began, the status line and headers leave alone (no body byte: Google's
 stream parser accepts no SSE comment). A failure after that is a dropped connection; while no event has been sent,
-the plan step is given back (`give_back`), so the client's retry gets the same step.
+the plan step is given back (`give_back`), so the client's retry gets the same step. A call that arrives while
+admission is paused (a weight update) waits for it inside the reply (`admit`), under the same timer: a long pause
+sends the early headers too, and a wait past the proxy's `pause_wait_s` is then a dropped connection, not a 503.
 
 A client that hangs up: the proxy's server cancels the handler (`app.SERVER_OPTIONS`); before the first event the
 upstream call is closed and `client_left` gives the plan step back and writes a `client_disconnected` failure record;
@@ -31,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from types import ModuleType
@@ -66,11 +69,13 @@ async def reply_stream(
     *,
     headers_after_s: float | None = None,
     give_back: Callable[[], None] | None = None,
+    admit: Callable[[], Awaitable[None]] | None = None,
 ) -> web.StreamResponse:
     """Stream `events` (which fill `gen`) to the client; `fail_early` answers an error raised before any byte.
 
     `headers_after_s`: send the headers alone if the first event takes longer (module docstring); `give_back` returns
-    the call's plan step when the stream fails after those headers and before any event."""
+    the call's plan step when the stream fails after those headers and before any event; `admit`: awaited before the
+    first event (a paused admission's wait, under the early headers' timer)."""
     pending = store.put_pending(rec)
     headers = _SSE_HEADERS
     if req.extra.get("stream_format") == "json_array":  # Google's streamGenerateContent without alt=sse
@@ -84,6 +89,8 @@ async def reply_stream(
     first: list[StreamEvent] | None = None
     try:  # until the response exists: a cancellation here means nothing of the answer reached the client
         try:
+            if admit is not None:
+                await admit()
             first = await events.__anext__()
         except StopAsyncIteration:
             pass
@@ -154,24 +161,27 @@ async def reply_plain(
     req: ChatRequest,
     rec: CompletionRecord,
     call: EngineCall,
-    answer: Awaitable[Generation],
+    answer: Callable[[], Awaitable[Generation]],
     store: RecordStore,
     fail_early: Callable[[ProviderError], Awaitable[web.Response]],
     *,
     headers_after_s: float | None,
     give_back: Callable[[], None],
+    admit: Callable[[], Awaitable[None]] | None = None,
 ) -> web.StreamResponse:
-    """A plain call's answer (`answer`: the generation), committed before it leaves; `fail_early` answers an error
+    """A plain call's answer (`answer()`: the generation), committed before it leaves; `fail_early` answers an error
     raised before any byte. With `headers_after_s` the headers leave alone if the answer takes longer (module
-    docstring: Google's plain calls); without, they leave with the answer."""
-    task = None if headers_after_s is None else asyncio.ensure_future(answer)
+    docstring: Google's plain calls); without, they leave with the answer. `admit`: awaited before `answer()` (a
+    paused admission's wait, under the early headers' timer)."""
+    run = answer if admit is None else functools.partial(_admitted, admit, answer)
+    task = None if headers_after_s is None else asyncio.ensure_future(run())
     early: _EarlyHeaders | None = None
     resp: web.StreamResponse | None = None
     committing = False
     try:
         try:
             if task is None:
-                gen = await answer  # a cancellation reaches the upstream call through this await
+                gen = await run()  # a cancellation reaches the upstream call through this await
             else:
                 done, _ = await asyncio.wait((task,), timeout=headers_after_s)
                 if not done:
@@ -208,6 +218,11 @@ async def reply_plain(
     with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
         await resp.write_eof(body)
     return resp
+
+
+async def _admitted(admit: Callable[[], Awaitable[None]], answer: Callable[[], Awaitable[Generation]]) -> Generation:
+    await admit()
+    return await answer()
 
 
 class _SSEResponse(web.StreamResponse):
