@@ -11,8 +11,8 @@ byte is a normal HTTP error in the caller's shape; a failure after it is a failu
 
 Early headers: a long prompt on a busy engine can take minutes to its first token, and some harnesses give up on a
 response whose headers have not come (Gemini CLI's fetch: 60 s, then it retries the call). When the first event has
-not come `headers_after_s` after the call began, the status line and headers leave alone (no body byte: Google's
-stream parser accepts no SSE comment). A failure after that is a dropped connection; while no event has been sent,
+not come `headers_after_s` after the call began, the status line and headers leave alone (no SSE comment: Google's
+stream parser accepts none; Google's calls get newlines, below). A failure after that is a dropped connection; while no event has been sent,
 the plan step is given back (`give_back`), so the client's retry gets the same step. A call that arrives while
 admission is paused (a weight update) waits for it inside the reply (`admit`), under the same timer: a long pause
 sends the early headers too, and a wait past the proxy's `pause_wait_s` is then a dropped connection, not a 503.
@@ -27,6 +27,9 @@ prefills on a busy engine; so a dialect module with `EARLY_PLAIN_HEADERS` gets t
 (`Content-Type: application/json`, chunked): the JSON body then leaves in one write once the record is committed. The
 other dialects' plain calls keep their headers until the answer, so an upstream failure stays a retryable 5xx in the
 caller's shape (the Anthropic and OpenAI SDKs retry a failed request, but not a body that breaks after a 200).
+The same fetch gives up on a body that stays idle for 300 s, so after Google's early headers a newline
+(`EARLY_KEEPALIVE`) leaves every `headers_after_s` until the first event or the answer: JSON allows whitespace before
+a value, and Gemini's SSE parser (`^\\s*data: `) skips it before an event.
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ async def reply_stream(
     early: _EarlyHeaders | None = None
     timer: asyncio.TimerHandle | None = None
     if headers_after_s is not None:
-        early = _EarlyHeaders(request, pending, headers)
+        early = _EarlyHeaders(request, pending, headers, _keepalive(mod, headers_after_s))
         timer = asyncio.get_running_loop().call_later(headers_after_s, early.start)
 
     first: list[StreamEvent] | None = None
@@ -104,7 +107,7 @@ async def reply_stream(
                 timer.cancel()
         if early is not None and early.task is not None:
             try:
-                resp = await early.task
+                resp = await early.response()
             except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
                 await events.aclose()
                 error = {"type": "client_disconnected", "message": f"the client went away before the answer ({exc})"}
@@ -113,8 +116,8 @@ async def reply_stream(
             await pending  # the placeholder is on disk before the first byte leaves
             resp = _SSEResponse(headers=headers)
     except asyncio.CancelledError:  # the client hung up (module docstring)
-        if early is not None and early.task is not None:
-            early.task.cancel()
+        if early is not None:
+            early.cancel()
         await events.aclose()  # the upstream call is closed: the engine stops working on the answer
         await client_left(request, store, rec, call, give_back)
         raise
@@ -185,7 +188,10 @@ async def reply_plain(
             else:
                 done, _ = await asyncio.wait((task,), timeout=headers_after_s)
                 if not done:
-                    early = _EarlyHeaders(request, store.put_pending(rec), {"Content-Type": "application/json"})
+                    pending = store.put_pending(rec)
+                    early = _EarlyHeaders(
+                        request, pending, {"Content-Type": "application/json"}, _keepalive(mod, headers_after_s)
+                    )
                     early.start()
                 gen = await task
         except ProviderError as err:
@@ -193,9 +199,8 @@ async def reply_plain(
                 return await fail_early(err)
             return await early.failed(store, rec, call, recording.error_dict(err), give_back)
         if early is not None:
-            assert early.task is not None
             try:
-                resp = await early.task
+                resp = await early.response()
             except (ConnectionResetError, aiohttp.ClientConnectionResetError) as exc:
                 error = {"type": "client_disconnected", "message": f"the client went away before the answer ({exc})"}
                 return await early.failed(store, rec, call, error, give_back)
@@ -203,8 +208,8 @@ async def reply_plain(
         committing = True  # from here the record is the answer's, whether or not the client reads it
         await store.commit(recording.completed(rec, call, gen))
     except asyncio.CancelledError:  # the client hung up: the upstream call is closed, nothing reached the client
-        if early is not None and early.task is not None:
-            early.task.cancel()
+        if early is not None:
+            early.cancel()
         if task is not None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -233,11 +238,19 @@ class _SSEResponse(web.StreamResponse):
 
 
 class _EarlyHeaders:
-    """The status line and headers of a stream whose first event is slow, sent alone once the placeholder is on disk."""
+    """The status line and headers of a stream whose first event is slow, sent alone once the placeholder is on disk;
+    with `keepalive` (bytes, seconds), those bytes every so many seconds until the answer's first write."""
 
-    def __init__(self, request: web.Request, pending: asyncio.Future[None], headers: dict[str, str]) -> None:
-        self.request, self.pending, self.headers = request, pending, headers
+    def __init__(
+        self,
+        request: web.Request,
+        pending: asyncio.Future[None],
+        headers: dict[str, str],
+        keepalive: tuple[bytes, float] | None = None,
+    ) -> None:
+        self.request, self.pending, self.headers, self.keepalive = request, pending, headers, keepalive
         self.task: asyncio.Task[web.StreamResponse] | None = None
+        self.beat: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self.task = asyncio.ensure_future(self._send())
@@ -246,7 +259,32 @@ class _EarlyHeaders:
         await self.pending
         resp = web.StreamResponse(headers=self.headers)  # aiohttp's default: the headers leave at prepare()
         await resp.prepare(self.request)
+        if self.keepalive is not None:
+            self.beat = asyncio.ensure_future(self._keep_alive(resp, *self.keepalive))
         return resp
+
+    async def _keep_alive(self, resp: web.StreamResponse, data: bytes, every_s: float) -> None:
+        with contextlib.suppress(ConnectionResetError, aiohttp.ClientConnectionResetError):
+            while True:
+                await asyncio.sleep(every_s)
+                await resp.write(data)  # one transport write (a chunk): never split by the answer's first write
+
+    def _stop_beat(self) -> None:
+        if self.beat is not None:
+            self.beat.cancel()
+
+    async def response(self) -> web.StreamResponse:
+        """The prepared response, its keep-alive stopped: the caller writes the answer next."""
+        assert self.task is not None
+        try:
+            return await self.task
+        finally:
+            self._stop_beat()
+
+    def cancel(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+        self._stop_beat()
 
     async def failed(
         self,
@@ -261,6 +299,7 @@ class _EarlyHeaders:
         assert self.task is not None
         with contextlib.suppress(Exception):
             await self.task
+        self._stop_beat()
         if give_back is not None:
             give_back()
         await commit_failure(store, rec, call, error)
@@ -298,6 +337,11 @@ async def client_left(
     else:
         error = {"type": "cancelled", "message": "the call was cancelled before the answer (the server is stopping)"}
     await asyncio.shield(commit_failure(store, rec, call, error))
+
+
+def _keepalive(mod: ModuleType, every_s: float | None) -> tuple[bytes, float] | None:
+    data = getattr(mod, "EARLY_KEEPALIVE", None)  # Google's (module docstring)
+    return None if data is None or every_s is None else (data, every_s)
 
 
 def _render(renderer: Any, batch: list[StreamEvent]) -> list[bytes]:

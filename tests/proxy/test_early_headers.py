@@ -58,9 +58,9 @@ def test_a_slow_first_token_still_gets_its_headers_in_time(fake_upstream, make_p
     s = early.session()
     resp, status = _post(early.port, s.api_key, headers_deadline_s=0.8)
     assert status == 200 and resp.getheader("Content-Type") == "text/event-stream"
-    body = resp.read().decode()  # the whole answer after the early headers: Google's SSE chunks, nothing else
+    body = resp.read().decode()  # after the early headers: keep-alive newlines, then Google's SSE chunks, nothing else
     chunks = [json.loads(line[len("data: ") :]) for line in body.split("\n") if line.startswith("data: ")]
-    assert body.startswith("data: ") and chunks[-1]["candidates"][0]["finishReason"] == "STOP"
+    assert body.lstrip("\n").startswith("data: ") and chunks[-1]["candidates"][0]["finishReason"] == "STOP"
     text = "".join(p.get("text", "") for c in chunks for p in c["candidates"][0]["content"]["parts"])
     assert text.split() == [f"w{i}" for i in range(fake.behaviour.n_gen)]
     (rec,) = _wait_records(early, s.session_id, 1)

@@ -30,6 +30,9 @@ DIALECT = Dialect.GOOGLE_GENAI
 # Gemini CLI's fetch gives up on any response whose headers take 60 s, non-streamed calls too: a slow plain call gets
 # its headers early, like a slow stream (proxy/streaming.py, `reply_plain`)
 EARLY_PLAIN_HEADERS = True
+# ... and on a body that stays idle for 300 s after them: until the answer, a newline each `stream_headers_after_s`
+# keeps it alive (JSON and the SDK's SSE parser, `^\s*data: `, both skip leading whitespace)
+EARLY_KEEPALIVE = b"\n"
 ROUTES: list[tuple[str, str, str]] = [
     ("POST", "/v1beta/models/{model}:generateContent", "generate_content"),
     ("POST", "/v1beta/models/{model}:streamGenerateContent", "stream_generate_content"),
