@@ -45,20 +45,23 @@ def _until(check, timeout_s: float = 3.0) -> bool:
     return bool(check())
 
 
-def _paused(h) -> None:
+def _held(fake_upstream, make_proxy, path: str, *, pause_wait_s: float, headers_deadline_s: float):
+    """A proxy (headers after 0.1 s) paused for a weight update, and a Google call to it that got its headers."""
+    fake = fake_upstream()
+    h = make_proxy([fake.base_url], stream_headers_after_s=0.1, pause_wait_s=pause_wait_s)
+    s = h.session(plan=PLAN)
+    assert h.admin("POST", "/admin/policy_version", {"policy_version": 3})[0] == 200
     status, out = h.admin("POST", "/admin/pause", {"timeout_s": 1})
     assert status == 200 and out["drained"] is True
+    resp = _post(h.port, s.api_key, headers_deadline_s=headers_deadline_s, path=path)
+    assert resp.status == 200  # headers while still paused
+    return fake, h, s, resp
 
 
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
 def test_a_call_held_by_a_pause_gets_its_headers_then_the_new_weights_answer(fake_upstream, make_proxy, stream):
-    fake = fake_upstream()
-    h = make_proxy([fake.base_url], stream_headers_after_s=0.1, pause_wait_s=30.0)
-    s = h.session(plan=PLAN)
-    assert h.admin("POST", "/admin/policy_version", {"policy_version": 3})[0] == 200
-    _paused(h)
-    resp = _post(h.port, s.api_key, headers_deadline_s=0.8, path=GOOGLE_STREAM if stream else GOOGLE_PLAIN)
-    assert resp.status == 200  # headers while still paused
+    path = GOOGLE_STREAM if stream else GOOGLE_PLAIN
+    fake, h, s, resp = _held(fake_upstream, make_proxy, path, pause_wait_s=30.0, headers_deadline_s=0.8)
     assert not [r for r in fake.requests if "messages" in r]  # the call has not reached the engine
     assert h.proxy._in_flight == 0  # held, not in flight: the weight update is not waiting for it
     got: list[bytes] = []
@@ -78,12 +81,7 @@ def test_a_call_held_by_a_pause_gets_its_headers_then_the_new_weights_answer(fak
 def test_a_pause_outlasting_the_wait_after_early_headers_drops_the_connection_and_keeps_the_plan_step(
     fake_upstream, make_proxy
 ):
-    fake = fake_upstream()
-    h = make_proxy([fake.base_url], stream_headers_after_s=0.1, pause_wait_s=0.6)
-    s = h.session(plan=PLAN)
-    _paused(h)
-    resp = _post(h.port, s.api_key, headers_deadline_s=0.4, path=GOOGLE_STREAM)
-    assert resp.status == 200
+    fake, h, s, resp = _held(fake_upstream, make_proxy, GOOGLE_STREAM, pause_wait_s=0.6, headers_deadline_s=0.4)
     with pytest.raises(http.client.IncompleteRead):  # no clean end of an answer that never came
         resp.read()
     (failed,) = _records(h, s.session_id, 1)
@@ -95,12 +93,7 @@ def test_a_pause_outlasting_the_wait_after_early_headers_drops_the_connection_an
 
 
 def test_a_client_leaving_a_held_call_after_its_headers_keeps_the_plan_step(fake_upstream, make_proxy):
-    fake = fake_upstream()
-    h = make_proxy([fake.base_url], stream_headers_after_s=0.1, pause_wait_s=30.0)
-    s = h.session(plan=PLAN)
-    _paused(h)
-    resp = _post(h.port, s.api_key, headers_deadline_s=0.8, path=GOOGLE_PLAIN)
-    assert resp.status == 200
+    fake, h, s, resp = _held(fake_upstream, make_proxy, GOOGLE_PLAIN, pause_wait_s=30.0, headers_deadline_s=0.8)
     resp.close()  # the harness gives up while the weights are updated
     (rec,) = _records(h, s.session_id, 1)
     assert rec.error is not None and rec.error["type"] == "client_disconnected"
@@ -115,7 +108,7 @@ def test_a_pause_outlasting_the_wait_before_any_header_is_still_a_503(fake_upstr
     fake = fake_upstream()
     h = make_proxy([fake.base_url], stream_headers_after_s=5.0, pause_wait_s=0.3)
     s = h.session(plan=PLAN)
-    _paused(h)
+    assert h.admin("POST", "/admin/pause", {"timeout_s": 1})[0] == 200
     oa = openai.OpenAI(base_url=h.base_url + "/v1", api_key=s.api_key, max_retries=0)
     for stream in (False, True):
         with pytest.raises(openai.APIStatusError) as e:
