@@ -109,8 +109,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         metavar="S",
         help="send a stream's headers alone when its first token takes longer than S seconds (a weight update's "
         "wait included; some harnesses give up on headers after 60 s), and a Google generateContent call's when its "
-        "answer does; `never`: always with "
-        "the first token (default: %(default)s)",
+        "answer does; `never`: always with the first token (default: %(default)s)",
     )
     p.add_argument(
         "--event-loop",

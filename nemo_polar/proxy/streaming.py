@@ -10,11 +10,11 @@ byte is a normal HTTP error in the caller's shape; a failure after it is a failu
 (the client must not see a clean end of an answer that was cut); a client that leaves is a failure record too.
 
 Early headers: a long prompt on a busy engine can take minutes to its first token, and some harnesses give up on a
-response whose headers have not come (Gemini CLI's fetch: 60 s, then it retries the call). When the first event has
-not come `headers_after_s` after the call began, the status line and headers leave alone (no SSE comment: Google's
-stream parser accepts none; Google's calls get newlines, below). A failure after that is a dropped connection; while no event has been sent,
-the plan step is given back (`give_back`), so the client's retry gets the same step. A call that arrives while
-admission is paused (a weight update) waits for it inside the reply (`admit`), under the same timer: a long pause
+response whose headers have not come (Gemini CLI's fetch: 60 s, then it retries the call). When the first event has not
+come `headers_after_s` after the call began, the status line and headers leave alone (no SSE comment: Google's stream
+parser accepts none; Google's calls get newlines, below). A failure after that is a dropped connection; while no event
+has been sent, the plan step is given back (`give_back`), so the client's retry gets the same step. A call that arrives
+while admission is paused (a weight update) waits for it inside the reply (`admit`), under the same timer: a long pause
 sends the early headers too, and a wait past the proxy's `pause_wait_s` is then a dropped connection, not a 503.
 
 A client that hangs up: the proxy's server cancels the handler (`app.SERVER_OPTIONS`); before the first event the

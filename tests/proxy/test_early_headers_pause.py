@@ -3,9 +3,9 @@
 
 A weight update pauses admission, and a call that arrives meanwhile waits for the resume (up to `pause_wait_s`). Gemini
 CLI's fetch gives up on any response whose headers take 60 s, so the wait runs inside the reply, under the early
-headers' timer (`stream_headers_after_s`): a held stream, or a held Google plain call, gets its status line and
-headers while still paused, then its answer after the resume, answered by the new weights. Here the harness's
-deadline is a socket timeout on `getresponse()`. The first three tests (four cases) fail when the wait is outside the reply (the
+headers' timer (`stream_headers_after_s`): a held stream, or a held Google plain call, gets its status line and headers
+while still paused, then its answer after the resume, answered by the new weights. Here the harness's deadline is a
+socket timeout on `getresponse()`. The first three tests (four cases) fail when the wait is outside the reply (the
 headers then wait for the resume); the last guards what must not change (a pause outlasting `pause_wait_s` before any
 header is still a 503 in the caller's shape).
 """
