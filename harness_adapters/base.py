@@ -27,6 +27,7 @@ from nemo_polar.types import CallKind
 
 __all__ = [
     "PROXY_ENV_VARS",
+    "STREAM_IDLE_TIMEOUT_S",
     "AgentOptions",
     "HarnessAdapter",
     "HarnessContext",
@@ -53,6 +54,14 @@ PROXY_ENV_VARS = (
     "NO_PROXY",
     "no_proxy",
 )
+
+# How long a CLI may wait on a call that sends nothing (no event, or no byte) before it gives up on it and retries:
+# longer than the proxy can keep a call silent (a call held by a paused admission, `pause_wait_s`, then a silent
+# upstream, `read_timeout_s`: 600 s each by default), so the proxy, which records why, is the one that ends a stalled
+# call. The CLIs' own limits (300 s: Claude Code's stream watchdog and fetch, Codex's stream idle timeout, OpenCode's
+# header and SSE read timeouts) would abandon a call held by a long weight update or queued behind long prefills, and
+# send it again (docs/harnesses.md, "Silent calls"). Gemini CLI's idle body gets keep-alive bytes from the proxy.
+STREAM_IDLE_TIMEOUT_S = 1800
 
 
 @dataclass(frozen=True, slots=True)

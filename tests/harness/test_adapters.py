@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+import json
+import tomllib
 from pathlib import Path
 
 import pytest
 from nemo_polar.harness_adapters import BUILTIN, HarnessAdapter, HarnessContext, PlanError, get_adapter, resolve_plan
-from nemo_polar.harness_adapters.base import PROXY_ENV_VARS
+from nemo_polar.harness_adapters.base import PROXY_ENV_VARS, STREAM_IDLE_TIMEOUT_S
 from nemo_polar.harness_adapters.codex import MAIN_AGENT
 
+from nemo_polar.proxy.config import ProxyConfig
 from nemo_polar.runtime.harness import make_context
 from nemo_polar.types import CallKind
 
@@ -94,6 +97,21 @@ def test_telemetry_and_update_checks_are_off() -> None:
     assert opencode["OPENCODE_DISABLE_AUTOUPDATE"] == "1" and opencode["OPENCODE_DISABLE_MODELS_FETCH"] == "1"
     assert get_adapter("pi").env(CTX)["PI_OFFLINE"] == "1"
     assert get_adapter("mini_swe_agent").env(CTX)["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
+
+
+def test_cli_idle_limits_outlast_the_longest_silence_the_proxy_allows() -> None:
+    """A call held by a paused admission, then by a silent upstream, stays silent up to the proxy's two limits; the
+    CLIs whose own limit is shorter (300 s) get it raised, so they do not abandon and resend a held call."""
+    proxy = ProxyConfig(upstreams=["http://127.0.0.1:1"], store_dir="unused")
+    assert STREAM_IDLE_TIMEOUT_S > proxy.pause_wait_s + proxy.read_timeout_s
+    ms = STREAM_IDLE_TIMEOUT_S * 1000
+    claude = get_adapter("claude_code").env(CTX)
+    assert claude["CLAUDE_STREAM_IDLE_TIMEOUT_MS"] == str(ms) and claude["API_FORCE_IDLE_TIMEOUT"] == "0"
+    codex = tomllib.loads(get_adapter("codex").prepare(CTX)[".codex/config.toml"])
+    assert codex["model_providers"]["polar"]["stream_idle_timeout_ms"] == ms
+    opencode = json.loads(get_adapter("opencode").prepare(CTX)[".config/opencode/opencode.json"])
+    options = opencode["provider"]["polar"]["options"]
+    assert options["headerTimeout"] == ms and options["chunkTimeout"] == ms
 
 
 # native shapes: (shell tool, shell args, edit tool, key holding the path in the edit args)
