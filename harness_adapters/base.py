@@ -59,8 +59,9 @@ PROXY_ENV_VARS = (
 # longer than the proxy can keep a call silent (a call held by a paused admission, `pause_wait_s`, then a silent
 # upstream, `read_timeout_s`: 600 s each by default), so the proxy, which records why, is the one that ends a stalled
 # call. The CLIs' own limits (300 s: Claude Code's stream watchdog and fetch, Codex's stream idle timeout, OpenCode's
-# header and SSE read timeouts) would abandon a call held by a long weight update or queued behind long prefills, and
-# send it again (docs/harnesses.md, "Silent calls"). Gemini CLI's idle body gets keep-alive bytes from the proxy.
+# header and SSE read timeouts; Claude Code's and Qwen Code's SDK wait for a non-streamed call's headers) would abandon
+# a call held by a long weight update or queued behind long prefills, and send it again (docs/harnesses.md, "Silent
+# calls"). Gemini CLI's idle body gets keep-alive bytes from the proxy.
 STREAM_IDLE_TIMEOUT_S = 1800
 
 

@@ -95,6 +95,8 @@ class ClaudeCodeAdapter(HarnessAdapter):
                 "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(STREAM_IDLE_TIMEOUT_S * 1000),
                 # "0": no 300 s timeout on its fetch (otherwise off only for Anthropic's own API)
                 "API_FORCE_IDLE_TIMEOUT": "0",
+                # its SDK's wait for a response's headers (600 s; 300 s for its non-streamed fallback call)
+                "API_TIMEOUT_MS": str(STREAM_IDLE_TIMEOUT_S * 1000),
             }
         )
         return env

@@ -106,7 +106,9 @@ def test_cli_idle_limits_outlast_the_longest_silence_the_proxy_allows() -> None:
     assert STREAM_IDLE_TIMEOUT_S > proxy.pause_wait_s + proxy.read_timeout_s
     ms = STREAM_IDLE_TIMEOUT_S * 1000
     claude = get_adapter("claude_code").env(CTX)
-    assert claude["CLAUDE_STREAM_IDLE_TIMEOUT_MS"] == str(ms) and claude["API_FORCE_IDLE_TIMEOUT"] == "0"
+    assert claude["CLAUDE_STREAM_IDLE_TIMEOUT_MS"] == claude["API_TIMEOUT_MS"] == str(ms)
+    assert claude["API_FORCE_IDLE_TIMEOUT"] == "0"
+    assert get_adapter("qwen_code").env(CTX)["QWEN_CODE_API_TIMEOUT_MS"] == str(ms)
     codex = tomllib.loads(get_adapter("codex").prepare(CTX)[".codex/config.toml"])
     assert codex["model_providers"]["polar"]["stream_idle_timeout_ms"] == ms
     opencode = json.loads(get_adapter("opencode").prepare(CTX)[".config/opencode/opencode.json"])
