@@ -14,7 +14,7 @@ from __future__ import annotations
 from nemo_polar.errors import LoadError
 from nemo_polar.loading import is_dotted_path, load_object
 
-from .base import HarnessAdapter, HarnessContext, McpServer, PlanError, resolve_plan
+from .base import HarnessAdapter, HarnessContext, McpServer, PlanError, cli_idle_limit_s, resolve_plan
 
 __all__ = [
     "BUILTIN",
@@ -22,6 +22,7 @@ __all__ = [
     "HarnessContext",
     "McpServer",
     "PlanError",
+    "cli_idle_limit_s",
     "get_adapter",
     "resolve_plan",
 ]

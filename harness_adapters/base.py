@@ -15,6 +15,7 @@ the argv, `nemo_polar.harness_adapters.install` installs the package.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -26,6 +27,7 @@ from nemo_polar.errors import PlanError
 from nemo_polar.types import CallKind
 
 __all__ = [
+    "IDLE_MARGIN_S",
     "PROXY_ENV_VARS",
     "STREAM_IDLE_TIMEOUT_S",
     "AgentOptions",
@@ -34,6 +36,7 @@ __all__ = [
     "McpServer",
     "PlanError",
     "Role",
+    "cli_idle_limit_s",
     "resolve_plan",
     "system_text",
     "tool_names",
@@ -61,8 +64,21 @@ PROXY_ENV_VARS = (
 # call. The CLIs' own limits (300 s: Claude Code's stream watchdog and fetch, Codex's stream idle timeout, OpenCode's
 # header and SSE read timeouts; Claude Code's and Qwen Code's SDK wait for a non-streamed call's headers) would abandon
 # a call held by a long weight update or queued behind long prefills, and send it again (docs/harnesses.md, "Silent
-# calls"). Gemini CLI's idle body gets keep-alive bytes from the proxy.
+# calls"). Gemini CLI's idle body gets keep-alive bytes from the proxy. This is the least an adapter sets
+# (`HarnessContext.idle_timeout_s`); a proxy whose limits are raised past it gets more (`cli_idle_limit_s`).
 STREAM_IDLE_TIMEOUT_S = 1800
+# how much longer than the proxy's longest silence a CLI waits: the proxy's 504 or 503 and its record come first
+IDLE_MARGIN_S = 600
+
+
+def cli_idle_limit_s(pause_wait_s: float, read_timeout_s: float) -> int:
+    """The idle limit to give the CLIs of sessions behind a proxy with these limits (`ProxyConfig.pause_wait_s`,
+    `read_timeout_s`): their sum plus `IDLE_MARGIN_S`, and never less than `STREAM_IDLE_TIMEOUT_S`."""
+    if pause_wait_s < 0 or read_timeout_s < 0:
+        raise ValueError(
+            f"proxy limits must be >= 0 s, got pause_wait_s={pause_wait_s}, read_timeout_s={read_timeout_s}"
+        )
+    return max(STREAM_IDLE_TIMEOUT_S, math.ceil(pause_wait_s + read_timeout_s) + IDLE_MARGIN_S)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +110,8 @@ class HarnessContext:
     install_dir: where the pinned package is installed (None: use the executable on PATH).
     mcp_servers / skills: MCP servers and skills (name -> SKILL.md text) to configure.
     command_line: for the `shell` adapter, the command to run (`{instruction}` is substituted).
+    idle_timeout_s: how long the CLI may wait on a call that sends nothing before it gives up on it (adapters raise
+        the CLIs' own shorter limits to it; `cli_idle_limit_s` gives it for a proxy's limits).
     """
 
     base_url: str
@@ -107,6 +125,7 @@ class HarnessContext:
     skills: Mapping[str, str] = field(default_factory=dict)
     command_line: str | None = None
     max_turns: int | None = None
+    idle_timeout_s: int = STREAM_IDLE_TIMEOUT_S
 
     def path(self, rel: str) -> str:
         """A plan path (relative to the workdir, or absolute) as an absolute path."""

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from nemo_polar.types import CallKind
 
-from .base import STREAM_IDLE_TIMEOUT_S, HarnessAdapter, HarnessContext, Role, system_text, tool_names
+from .base import HarnessAdapter, HarnessContext, Role, system_text, tool_names
 
 SUBAGENT_TOOLS = frozenset({"Agent", "Task"})
 # opening lines of the built-in subagents' system prompts (general-purpose, Explore, Plan)
@@ -92,11 +92,11 @@ class ClaudeCodeAdapter(HarnessAdapter):
                 "CLAUDE_CODE_IDE_SKIP_AUTO_INSTALL": "1",
                 "IS_SANDBOX": "1",  # allows --dangerously-skip-permissions as root
                 # its stream watchdog aborts a call with no event for this long (default and floor 300 s)
-                "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(STREAM_IDLE_TIMEOUT_S * 1000),
+                "CLAUDE_STREAM_IDLE_TIMEOUT_MS": str(ctx.idle_timeout_s * 1000),
                 # "0": no 300 s timeout on its fetch (otherwise off only for Anthropic's own API)
                 "API_FORCE_IDLE_TIMEOUT": "0",
                 # its SDK's wait for a response's headers (600 s; 300 s for its non-streamed fallback call)
-                "API_TIMEOUT_MS": str(STREAM_IDLE_TIMEOUT_S * 1000),
+                "API_TIMEOUT_MS": str(ctx.idle_timeout_s * 1000),
             }
         )
         return env

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 from nemo_polar.types import CallKind
 
-from .base import STREAM_IDLE_TIMEOUT_S, HarnessAdapter, HarnessContext, Role, tool_names
+from .base import HarnessAdapter, HarnessContext, Role, tool_names
 
 API_KEY_VAR = "POLAR_API_KEY"
 
@@ -81,7 +81,7 @@ class CodexAdapter(HarnessAdapter):
             'wire_api = "responses"',
             "request_max_retries = 4",
             "stream_max_retries = 2",
-            f"stream_idle_timeout_ms = {STREAM_IDLE_TIMEOUT_S * 1000}",
+            f"stream_idle_timeout_ms = {ctx.idle_timeout_s * 1000}",
             "",
             "[analytics]",
             "enabled = false",

@@ -61,6 +61,9 @@ class MiniSweAgentAdapter(HarnessAdapter):
                     "api_base": ctx.base_url.rstrip("/") + "/v1",
                     "api_key": ctx.api_key,
                     "drop_params": True,
+                    # LiteLLM gives a chat call 600 s unless told (its `completion_timeout.py`): shorter than the
+                    # proxy may keep a call silent (docs/harnesses.md, "Silent calls")
+                    "timeout": ctx.idle_timeout_s,
                 },
             },
         }

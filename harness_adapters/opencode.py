@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 from nemo_polar.types import CallKind
 
-from .base import STREAM_IDLE_TIMEOUT_S, HarnessAdapter, HarnessContext, Role, system_text, tool_names
+from .base import HarnessAdapter, HarnessContext, Role, system_text, tool_names
 
 TITLE_MARKER = "You are a title generator"
 PROVIDER_PACKAGES = {"openai-compatible": "@ai-sdk/openai-compatible", "anthropic": "@ai-sdk/anthropic"}
@@ -76,8 +76,8 @@ class OpenCodeAdapter(HarnessAdapter):
                         "baseURL": ctx.base_url.rstrip("/") + "/v1",
                         "apiKey": ctx.api_key,
                         # its fetch wrapper's limits on the wait for headers and between SSE reads (300 s each)
-                        "headerTimeout": STREAM_IDLE_TIMEOUT_S * 1000,
-                        "chunkTimeout": STREAM_IDLE_TIMEOUT_S * 1000,
+                        "headerTimeout": ctx.idle_timeout_s * 1000,
+                        "chunkTimeout": ctx.idle_timeout_s * 1000,
                     },
                     "models": {ctx.model: {"name": ctx.model, "tool_call": True}},
                 }

@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 from nemo_polar.types import CallKind
 
-from .base import STREAM_IDLE_TIMEOUT_S, HarnessAdapter, HarnessContext, Role, system_text, tool_names
+from .base import HarnessAdapter, HarnessContext, Role, system_text, tool_names
 from .gemini_cli import mcp_servers_setting
 
 SIDE_MARKERS = (
@@ -76,7 +76,7 @@ class QwenCodeAdapter(HarnessAdapter):
                 "QWEN_TELEMETRY_ENABLED": "false",
                 # its OpenAI client's wait for a response's headers (default 120 s): a non-streamed call's come with
                 # its answer
-                "QWEN_CODE_API_TIMEOUT_MS": str(STREAM_IDLE_TIMEOUT_S * 1000),
+                "QWEN_CODE_API_TIMEOUT_MS": str(ctx.idle_timeout_s * 1000),
             }
         )
         return env

@@ -4,7 +4,8 @@
 The command runs under `bash -c` with `{instruction}` replaced by the shell-quoted instruction.
 Provider variables for the common SDKs point at the proxy: `OPENAI_BASE_URL`
 (…/v1), `OPENAI_API_KEY`, `ANTHROPIC_BASE_URL`, `ANTHROPIC_API_KEY`, `GOOGLE_GEMINI_BASE_URL`, `GEMINI_API_KEY`,
-plus `POLAR_BASE_URL`, `POLAR_API_KEY`, `POLAR_MODEL`. No files are written.
+plus `POLAR_BASE_URL`, `POLAR_API_KEY`, `POLAR_MODEL` and `POLAR_IDLE_TIMEOUT_S` (how long a call may stay silent
+before the client gives up: docs/harnesses.md, "Silent calls"). No files are written.
 
 Native tool names are constructor arguments (defaults: `bash` {command}, `edit` {path, old, new},
 `write` {path, content}); every request is the main agent.
@@ -42,6 +43,9 @@ class ShellAdapter(HarnessAdapter):
                 "POLAR_BASE_URL": root,
                 "POLAR_API_KEY": ctx.api_key,
                 "POLAR_MODEL": ctx.model,
+                # how long a call may send nothing before the client gives up (set the SDK's timeout to it: the
+                # OpenAI and Anthropic Python SDKs give up after 600 s, shorter than the proxy may hold a call)
+                "POLAR_IDLE_TIMEOUT_S": str(ctx.idle_timeout_s),
                 "OPENAI_BASE_URL": root + "/v1",
                 "OPENAI_API_KEY": ctx.api_key,
                 "ANTHROPIC_BASE_URL": root,

@@ -67,6 +67,18 @@ def register(subparsers: Any) -> None:
         help="the proxy writes every record whole (default: a record extending its session's prompt is stored as "
         "what is new; readers see whole records either way)",
     )
+    p.add_argument(
+        "--read-timeout-s",
+        type=float,
+        default=600.0,
+        help="the longest silence the proxy waits for from vLLM in an answer, then a 504 (default: %(default)s)",
+    )
+    p.add_argument(
+        "--pause-wait-s",
+        type=float,
+        default=600.0,
+        help="how long a call waits while the proxy's admission is paused, then a 503 (default: %(default)s)",
+    )
     p.add_argument("--embedded-model", default="tiny-qwen3", help="embedded backend model when no --upstream")
     p.add_argument("--plans", default="live", help="for example: tasks, one plan per sample: fix_plan,noop_plan,live")
     p.add_argument("--run-slots", type=int, default=2, help="concurrent agent sessions")

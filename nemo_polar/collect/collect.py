@@ -184,6 +184,8 @@ class CollectOptions:
     sampling: dict[str, Any] = field(default_factory=dict)  # sampling the proxy enforces
     forced_tokens: str = "grammar"  # the proxy's spelling of forced and choose plan steps (StackConfig)
     session_deltas: bool = True  # the proxy's store writes a record extending its session's prompt as a delta
+    read_timeout_s: float = 600.0  # the proxy's longest wait for vLLM's next bytes (StackConfig)
+    pause_wait_s: float = 600.0  # the proxy's longest hold of a call while admission is paused (StackConfig)
     max_attempts: int = 4  # a sample cut by an interruption is re-dispatched; this bounds how often
     node_timeout_s: float = 60.0  # the rollout server declares a silent gateway lost after this
     accept_threshold: float = 1.0
@@ -339,6 +341,8 @@ def stack_config(opts: CollectOptions, upstream: Upstream | None) -> StackConfig
         "sampling": dict(opts.sampling),
         "forced_tokens": opts.forced_tokens,
         "session_deltas": opts.session_deltas,
+        "read_timeout_s": opts.read_timeout_s,
+        "pause_wait_s": opts.pause_wait_s,
     }
     if upstream is not None:
         cfg.update(

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from nemo_polar.harness_adapters import cli_idle_limit_s
 from nemo_polar.types import CompletionRecord
 
 __all__ = ["HostedProxy", "ProxyLink", "ProxySession", "SessionRequest"]
@@ -47,6 +48,8 @@ class ProxySession:
 
 class ProxyLink(Protocol):
     base_url: str
+    # how long a session's CLI may wait on a silent call (`harness_adapters.cli_idle_limit_s` of the proxy's limits)
+    idle_limit_s: int
 
     async def open_session(self, request: SessionRequest) -> ProxySession: ...
 
@@ -64,6 +67,7 @@ class HostedProxy:
         self.proxy = Proxy(config)
         self.port = port
         self.base_url = ""
+        self.idle_limit_s = cli_idle_limit_s(config.pause_wait_s, config.read_timeout_s)
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> HostedProxy:

@@ -93,6 +93,17 @@ class StackConfig(BaseModel):
         description="the proxy's record store writes a record whose prompt extends an earlier one of its session as "
         "a delta (proxy/deltas.py; readers see whole records)",
     )
+    read_timeout_s: float = Field(
+        _ProxyDefaults.read_timeout_s,
+        gt=0,
+        description="the longest silence the proxy waits for from vLLM while reading an answer (then a 504)",
+    )
+    pause_wait_s: float = Field(
+        _ProxyDefaults.pause_wait_s,
+        gt=0,
+        description="how long a call waits while admission is paused for a weight update (then a 503); the CLIs' "
+        "own idle limits are raised past this and read_timeout_s together (harness_adapters.cli_idle_limit_s)",
+    )
 
     # -- the rollout server: hosted here, or joined by URL -----------------------------------------------------------
     serve_rollout: bool = Field(True, description="host the rollout server in this stack")
@@ -289,6 +300,8 @@ OPTION_GROUPS: dict[str, tuple[str, ...]] = {
         "routing",
         "forced_tokens",
         "session_deltas",
+        "read_timeout_s",
+        "pause_wait_s",
     ),
     "server": ("max_attempts", "node_timeout_s"),
     "gateway": ("init_workers", "ready_buffer", "run_slots", "postrun_workers", "gateways", "work_dir"),
@@ -338,6 +351,23 @@ _FLAGS: dict[str, tuple[str, dict[str, Any]]] = {
             "action": "store_false",
             "help": "the proxy writes every record whole (default: a record whose prompt extends an earlier one of "
             "its session is written as what is new; readers see whole records either way)",
+        },
+    ),
+    "read_timeout_s": (
+        "--read-timeout-s",
+        {
+            "type": float,
+            "default": _ProxyDefaults.read_timeout_s,
+            "help": "the longest silence the proxy waits for from vLLM in an answer, then a 504 (default: %(default)s)",
+        },
+    ),
+    "pause_wait_s": (
+        "--pause-wait-s",
+        {
+            "type": float,
+            "default": _ProxyDefaults.pause_wait_s,
+            "help": "how long a call waits while the proxy's admission is paused (a weight update), then a 503 "
+            "(default: %(default)s)",
         },
     ),
     "max_attempts": ("--max-attempts", {"type": int, "default": 2, "help": "attempts per sample"}),

@@ -260,6 +260,7 @@ class SessionWork:
             command_line=getattr(opts, "command_line", None),
             max_turns=getattr(opts, "max_turns", None),
             provider_api=getattr(opts, "provider_api", None),
+            idle_timeout_s=self.proxy.idle_limit_s,
         )
         resolved = resolve_plan(plan, adapter, ctx) if plan else None
         session = await self.proxy.open_session(

@@ -19,10 +19,11 @@ from pathlib import Path
 
 from nemo_polar.harness_adapters import BUILTIN
 from nemo_polar.keywords import same_named
-from nemo_polar.rollout.stack import add_stack_flags, config_from_args
+from nemo_polar.rollout.stack import OPTION_GROUPS, add_stack_flags, config_from_args
 from nemo_polar.rundir import RunDir
 
-PROXY_PASSTHROUGH = ("prefix_preserving", "model_dir", "eot_token_ids", "sampling", "forced_tokens")
+# the proxy's stack options `run_session` takes as `proxy_options` (every one but the two it is handed by name)
+PROXY_PASSTHROUGH = tuple(opt for opt in OPTION_GROUPS["proxy"] if opt not in ("upstreams", "served_model"))
 
 
 def _cmd_run(args: argparse.Namespace) -> int:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from nemo_polar.harness_adapters import BUILTIN, HarnessAdapter, HarnessContext, PlanError, get_adapter, resolve_plan
-from nemo_polar.harness_adapters.base import PROXY_ENV_VARS, STREAM_IDLE_TIMEOUT_S
+from nemo_polar.harness_adapters.base import IDLE_MARGIN_S, PROXY_ENV_VARS, STREAM_IDLE_TIMEOUT_S, cli_idle_limit_s
 from nemo_polar.harness_adapters.codex import MAIN_AGENT
 
 from nemo_polar.proxy.config import ProxyConfig
@@ -99,21 +99,45 @@ def test_telemetry_and_update_checks_are_off() -> None:
     assert get_adapter("mini_swe_agent").env(CTX)["LITELLM_LOCAL_MODEL_COST_MAP"] == "True"
 
 
+def _cli_idle_limits_ms(ctx: HarnessContext) -> dict[str, int]:
+    """Every idle limit the adapters set, in ms, by where it is set."""
+    claude = get_adapter("claude_code").env(ctx)
+    assert claude["API_FORCE_IDLE_TIMEOUT"] == "0"
+    codex = tomllib.loads(get_adapter("codex").prepare(ctx)[".codex/config.toml"])
+    opencode = json.loads(get_adapter("opencode").prepare(ctx)[".config/opencode/opencode.json"])
+    options = opencode["provider"]["polar"]["options"]
+    mini = json.loads(get_adapter("mini_swe_agent").prepare(ctx)[".config/mini-swe-agent/polar.yaml"])
+    return {
+        "claude_code CLAUDE_STREAM_IDLE_TIMEOUT_MS": int(claude["CLAUDE_STREAM_IDLE_TIMEOUT_MS"]),
+        "claude_code API_TIMEOUT_MS": int(claude["API_TIMEOUT_MS"]),
+        "qwen_code QWEN_CODE_API_TIMEOUT_MS": int(get_adapter("qwen_code").env(ctx)["QWEN_CODE_API_TIMEOUT_MS"]),
+        "codex stream_idle_timeout_ms": codex["model_providers"]["polar"]["stream_idle_timeout_ms"],
+        "opencode headerTimeout": options["headerTimeout"],
+        "opencode chunkTimeout": options["chunkTimeout"],
+        "mini_swe_agent timeout": int(mini["model"]["model_kwargs"]["timeout"] * 1000),
+    }
+
+
 def test_cli_idle_limits_outlast_the_longest_silence_the_proxy_allows() -> None:
     """A call held by a paused admission, then by a silent upstream, stays silent up to the proxy's two limits; the
-    CLIs whose own limit is shorter (300 s) get it raised, so they do not abandon and resend a held call."""
+    CLIs whose own limit is shorter (300 s; LiteLLM's 600 s) get it raised, so they do not abandon and resend a held
+    call. The default context gives `STREAM_IDLE_TIMEOUT_S`, which outlasts the proxy's default limits."""
     proxy = ProxyConfig(upstreams=["http://127.0.0.1:1"], store_dir="unused")
     assert STREAM_IDLE_TIMEOUT_S > proxy.pause_wait_s + proxy.read_timeout_s
-    ms = STREAM_IDLE_TIMEOUT_S * 1000
-    claude = get_adapter("claude_code").env(CTX)
-    assert claude["CLAUDE_STREAM_IDLE_TIMEOUT_MS"] == claude["API_TIMEOUT_MS"] == str(ms)
-    assert claude["API_FORCE_IDLE_TIMEOUT"] == "0"
-    assert get_adapter("qwen_code").env(CTX)["QWEN_CODE_API_TIMEOUT_MS"] == str(ms)
-    codex = tomllib.loads(get_adapter("codex").prepare(CTX)[".codex/config.toml"])
-    assert codex["model_providers"]["polar"]["stream_idle_timeout_ms"] == ms
-    opencode = json.loads(get_adapter("opencode").prepare(CTX)[".config/opencode/opencode.json"])
-    options = opencode["provider"]["polar"]["options"]
-    assert options["headerTimeout"] == ms and options["chunkTimeout"] == ms
+    assert cli_idle_limit_s(proxy.pause_wait_s, proxy.read_timeout_s) == STREAM_IDLE_TIMEOUT_S == CTX.idle_timeout_s
+    limits = _cli_idle_limits_ms(CTX)
+    assert limits == dict.fromkeys(limits, STREAM_IDLE_TIMEOUT_S * 1000)
+
+
+def test_a_proxy_with_longer_limits_gives_the_clis_longer_ones() -> None:
+    """Limits raised on the proxy (a long weight update, a slow engine) raise the CLIs' past them, by the margin."""
+    limit = cli_idle_limit_s(pause_wait_s=1800, read_timeout_s=2400.5)
+    assert limit == 4201 + IDLE_MARGIN_S
+    ctx = HarnessContext(**{**{f: getattr(CTX, f) for f in CTX.__dataclass_fields__}, "idle_timeout_s": limit})
+    limits = _cli_idle_limits_ms(ctx)
+    assert limits == dict.fromkeys(limits, limit * 1000)
+    with pytest.raises(ValueError, match="pause_wait_s=-1"):
+        cli_idle_limit_s(pause_wait_s=-1, read_timeout_s=600)
 
 
 # native shapes: (shell tool, shell args, edit tool, key holding the path in the edit args)

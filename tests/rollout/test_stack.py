@@ -106,6 +106,37 @@ def test_standalone_proxy_and_server_only_stacks(tmp_path: Path) -> None:
     asyncio.run(go())
 
 
+def test_the_proxys_limits_reach_the_harness_as_its_idle_limit(tmp_path: Path) -> None:
+    """`read_timeout_s` and `pause_wait_s` raised on the stack reach its proxy, and a session's CLI is told to wait
+    longer than both together (here the `shell` harness's `POLAR_IDLE_TIMEOUT_S`; the CLIs' own settings come from
+    the same `HarnessContext.idle_timeout_s`: tests/harness/test_adapters.py)."""
+    cfg = StackConfig(
+        work_dir=str(tmp_path / "run"), upstreams=[DEAD_UPSTREAM], read_timeout_s=2400, pause_wait_s=1200
+    )
+
+    async def go() -> list[Any]:
+        async with await start_stack(cfg) as stack:
+            proxy = stack.proxies[0]
+            assert (proxy.proxy.config.read_timeout_s, proxy.proxy.admission.pause_wait_s) == (2400, 1200)
+            assert proxy.idle_limit_s == 2400 + 1200 + 600
+            task = {
+                "task_id": "idle-limit",
+                "instruction": "report",
+                "runtime": {"isolation": "none"},
+                "agent": {"harness": "shell", "options": {"command_line": "echo idle=$POLAR_IDLE_TIMEOUT_S"}},
+                "builder": "per_request",
+                "evaluator": "session_completed",
+                "timeout_s": 120,
+            }
+            async with PolarClient(stack.server_url or "", poll_wait_s=2.0) as client:
+                await client.submit(task)
+                return [r async for r in client.results("idle-limit")]
+
+    (result,) = asyncio.run(go())
+    log = (tmp_path / "run" / "sessions" / result.session_id / "agent.log").read_text()
+    assert "idle=4200" in log.split(), log
+
+
 def test_a_failed_start_closes_what_it_started(tmp_path: Path) -> None:
     """The second gateway's port is taken: the server and the first node are torn down before the error."""
     with socket.socket() as busy:
@@ -246,6 +277,10 @@ SPLICE = [
     '{"top_p": 0.9}',
     "--routing",
     "round_robin",
+    "--read-timeout-s",
+    "900",
+    "--pause-wait-s",
+    "1200",
 ]
 
 
@@ -276,6 +311,7 @@ def test_rollout_clis_hand_every_option_to_the_stack(argv: list[str]) -> None:
     assert cfg.prefix_preserving == "splice" and cfg.model_dir == "/m" and cfg.eot_token_ids == [1, 2]
     assert cfg.sampling == {"top_p": 0.9}
     assert cfg.routing == "round_robin" and cfg.proxy_config("d").routing == "round_robin"
+    assert cfg.proxy_config("d").read_timeout_s == 900 and cfg.proxy_config("d").pause_wait_s == 1200
     assert cfg.gateway_config(cfg.node_ids[0], None).builder_options["eot_token_ids"] == [1, 2]
 
 

@@ -39,6 +39,7 @@ class _Records:
     """Stands in for the hosted proxy: the session's committed records."""
 
     base_url = "http://127.0.0.1:9"
+    idle_limit_s = 1800
 
     def __init__(self, records: list[CompletionRecord]):
         self._records = records

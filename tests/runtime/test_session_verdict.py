@@ -60,7 +60,7 @@ def fake() -> Iterator[FakeUpstream]:
         loop.close()
 
 
-def _run(fake: FakeUpstream, tmp_path: Path, calls: int) -> tuple[int, dict, str]:
+def _run(fake: FakeUpstream, tmp_path: Path, calls: int, *flags: str, prefix: str = "") -> tuple[int, dict, str]:
     if bwrap_available() is None:
         pytest.skip("bubblewrap is not installed (make test installs Debian `bubblewrap`)")
     work, out = tmp_path / "work", tmp_path / "run"
@@ -71,7 +71,7 @@ def _run(fake: FakeUpstream, tmp_path: Path, calls: int) -> tuple[int, dict, str
     args = parser.parse_args(
         ["session", "run", "--harness", "shell", "--workdir", str(work), "--instruction", "say hi",
          "--upstream", fake.base_url, "--out", str(out), "--timeout-s", "120",
-         "--command-line", f"{sys.executable} {AGENT_WORKDIR}/client.py {calls}"]
+         "--command-line", f"{prefix}{sys.executable} {AGENT_WORKDIR}/client.py {calls}", *flags]
     )  # fmt: skip
     rc = args.func(args)
     return rc, json.loads((out / "summary.json").read_text()), out.as_posix()
@@ -97,3 +97,21 @@ def test_a_session_with_answers_exits_zero(fake: FakeUpstream, tmp_path: Path) -
     assert rc == 0
     assert summary["answered"] == 1 and summary["failed_calls"] == 0
     assert summary["first_error"] is None and summary["failure"] is None
+
+
+def test_the_proxys_limits_reach_the_harness_as_its_idle_limit(fake: FakeUpstream, tmp_path: Path) -> None:
+    """`--read-timeout-s` and `--pause-wait-s` reach the session's proxy, and its CLI is told to wait longer than both
+    together (`POLAR_IDLE_TIMEOUT_S`, as the CLIs' own settings: tests/harness/test_adapters.py)."""
+    rc, _, out = _run(
+        fake,
+        tmp_path,
+        1,
+        "--read-timeout-s",
+        "2400",
+        "--pause-wait-s",
+        "1200",
+        prefix="echo idle=$POLAR_IDLE_TIMEOUT_S; ",
+    )
+    assert rc == 0
+    logs = [p.read_text() for p in Path(out).rglob("harness.stdout")]
+    assert len(logs) == 1 and "idle=4200" in logs[0].split(), logs

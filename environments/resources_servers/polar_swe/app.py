@@ -85,6 +85,12 @@ class PolarSweResourcesServerConfig(BaseResourcesServerConfig):
     session_deltas: bool = Field(
         default=True, description="the record store writes a record extending its session's prompt as what is new"
     )
+    read_timeout_s: float = Field(
+        default=600.0, gt=0, description="the longest silence the proxy waits for from vLLM in an answer (then 504)"
+    )
+    pause_wait_s: float = Field(
+        default=600.0, gt=0, description="how long a call waits while admission is paused for a weight update (503)"
+    )
     init_workers: int = 2
     ready_buffer: int = 2
     run_slots: int = 2
