@@ -93,18 +93,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         help="sticky: each session stays on one upstream (prefix-cache reuse); round_robin: each request goes to "
         "the next upstream",
     )
-    p.add_argument(
-        "--read-timeout-s",
-        type=float,
-        default=_Defaults.read_timeout_s,
-        help="the longest silence waited for from the upstream in an answer, then a 504 (default: %(default)s)",
-    )
-    p.add_argument(
-        "--pause-wait-s",
-        type=float,
-        default=_Defaults.pause_wait_s,
-        help="how long a call waits while admission is paused (a weight update), then a 503 (default: %(default)s)",
-    )
+    for field, what in (
+        ("read_timeout_s", "the longest silence waited for from the upstream in an answer, then a 504"),
+        ("pause_wait_s", "how long a call waits while admission is paused (a weight update), then a 503"),
+    ):
+        flag = "--" + field.replace("_", "-")
+        p.add_argument(flag, type=float, default=getattr(_Defaults, field), help=f"{what} (default: %(default)s)")
     p.add_argument("--connect-timeout-s", type=float, default=5.0)
     p.add_argument(
         "--stream-interval",
