@@ -21,6 +21,7 @@ from typing import Any
 
 from nemo_polar.keywords import same_named
 from nemo_polar.loading import load_object
+from nemo_polar.rollout.stack import add_option_flags
 from nemo_polar.rundir import RunDir
 
 # `polar export` kinds that live outside the core (registered by dotted path; CALL-CREDIT's DPO pairs)
@@ -67,18 +68,7 @@ def register(subparsers: Any) -> None:
         help="the proxy writes every record whole (default: a record extending its session's prompt is stored as "
         "what is new; readers see whole records either way)",
     )
-    p.add_argument(
-        "--read-timeout-s",
-        type=float,
-        default=600.0,
-        help="the longest silence the proxy waits for from vLLM in an answer, then a 504 (default: %(default)s)",
-    )
-    p.add_argument(
-        "--pause-wait-s",
-        type=float,
-        default=600.0,
-        help="how long a call waits while the proxy's admission is paused, then a 503 (default: %(default)s)",
-    )
+    add_option_flags(p, ("read_timeout_s", "pause_wait_s"))  # the proxy's limits, as every stack CLI has them
     p.add_argument("--embedded-model", default="tiny-qwen3", help="embedded backend model when no --upstream")
     p.add_argument("--plans", default="live", help="for example: tasks, one plan per sample: fix_plan,noop_plan,live")
     p.add_argument("--run-slots", type=int, default=2, help="concurrent agent sessions")

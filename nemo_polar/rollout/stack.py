@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -37,6 +38,7 @@ __all__ = [
     "OPTION_GROUPS",
     "Stack",
     "StackConfig",
+    "add_option_flags",
     "add_stack_flags",
     "config_from_args",
     "flag_of",
@@ -397,15 +399,17 @@ def add_stack_flags(
 ) -> None:
     """Add the flags of every option of `parts` (keys of `OPTION_GROUPS`) except `skip`; `defaults` overrides a
     flag's default by option name (`gateways=1`)."""
-    for part in parts:
-        for opt in OPTION_GROUPS[part]:
-            if opt in skip:
-                continue
-            flag, kw = _FLAGS[opt]
-            kw = dict(kw)
-            if opt in defaults:
-                kw["default"] = defaults[opt]
-            parser.add_argument(flag, dest=opt, **kw)
+    add_option_flags(parser, [opt for part in parts for opt in OPTION_GROUPS[part] if opt not in skip], **defaults)
+
+
+def add_option_flags(parser: argparse.ArgumentParser, options: Sequence[str], **defaults: Any) -> None:
+    """Add the flags of these stack options (a CLI that defines the others itself); `defaults` as above."""
+    for opt in options:
+        flag, kw = _FLAGS[opt]
+        kw = dict(kw)
+        if opt in defaults:
+            kw["default"] = defaults[opt]
+        parser.add_argument(flag, dest=opt, **kw)
 
 
 def parse_eot(text: str | None) -> list[int] | None:

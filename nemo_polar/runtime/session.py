@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from nemo_polar.harness_adapters import HarnessAdapter, cli_idle_limit_s, get_adapter, resolve_plan
+from nemo_polar.harness_adapters import HarnessAdapter, get_adapter, resolve_plan
 from nemo_polar.rollout.stack import StackConfig, start_stack
 from nemo_polar.rundir import RunDir
 from nemo_polar.runtime.harness import make_context, run_harness
@@ -128,7 +128,7 @@ async def run_session(
             "home": Path(AGENT_HOME),
             "provider_api": provider_api,
             "command_line": command_line,  # the `shell` adapter's command
-            "idle_timeout_s": cli_idle_limit_s(proxy.config.pause_wait_s, proxy.config.read_timeout_s),
+            "idle_timeout_s": stack.proxy.idle_limit_s,  # longer than the proxy may keep a call silent
         }
         probe = make_context(adapter, base_url=proxy.base_url, api_key="-", **ctx_args)
         resolved = resolve_plan(plan, adapter, probe) if plan else None
