@@ -5,7 +5,8 @@ The real NeMo RL (vendored source, Python 3.11 with the pins of `scripts/nemo_rl
 venv, not in the project venv. So:
 - in the project venv (no `nemo_rl` importable), this folder collects only `test_in_nemo_rl_env.py`, which builds or
   reuses that venv and runs the other modules of this folder there as one pytest session (plus NeMo RL's own unit
-  tests with the plug-in installed), failing when they fail;
+  tests with the plug-in installed), failing when they fail; that session starts when collection ends and runs
+  alongside the tests before the bridge (`env_session.py`);
 - in the NeMo RL venv, every module here runs against the real `nemo_rl`, and the bridge module is left out.
 """
 
@@ -14,7 +15,11 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-BRIDGE = "test_in_nemo_rl_env.py"
+import pytest
+
+from . import env_session
+
+BRIDGE = env_session.BRIDGE
 IN_NEMO_RL_ENV = importlib.util.find_spec("nemo_rl") is not None
 
 
@@ -24,3 +29,15 @@ def pytest_ignore_collect(collection_path: Path) -> bool | None:
     if IN_NEMO_RL_ENV:
         return collection_path.name == BRIDGE or None
     return collection_path.name != BRIDGE or None
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the NeMo RL env's session now when the bridge test is selected (`env_session.py`)."""
+    if IN_NEMO_RL_ENV or session.config.option.collectonly:
+        return
+    if any(item.nodeid.endswith(env_session.BRIDGE_TEST) for item in session.items):
+        env_session.SESSION.start()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    env_session.SESSION.close()

@@ -3,7 +3,9 @@
 
 Builds or reuses the NeMo RL venv (`scripts/nemo_rl_venv.sh`: the vendored NeMo RL and NeMo Gym 0.5.1, checksums
 verified), then
-- runs this folder's other test modules there, as one pytest session against the real `nemo_rl`;
+- runs this folder's other test modules there, as one pytest session against the real `nemo_rl`
+  (`env_session.py`: started in the background as soon as collection ends, so it runs alongside the tests before
+  this one; the test waits for its result);
 - runs NeMo RL's own unit tests (advantage estimators, GRPO helpers, losses, the Gym environment helpers, rollouts)
   with the CALL-CREDIT plug-in installed (`polar_lab/nemo_rl_unit_tests.py`).
 Each test fails when its session fails, and prints the session's counts.
@@ -12,35 +14,22 @@ Each test fails when its session fails, and prints the session's counts.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-HERE = Path(__file__).resolve().parent
+from .env_session import REPO, SESSION, clean_env, modules
 
 
 @pytest.fixture(scope="module")
 def nemo_rl_python() -> Path:
-    try:
-        proc = subprocess.run(
-            ["bash", str(REPO / "scripts" / "nemo_rl_venv.sh")], capture_output=True, text=True, timeout=3600
-        )
-    except subprocess.TimeoutExpired as exc:
-        pytest.skip(f"scripts/nemo_rl_venv.sh did not finish: {exc}")
-    if proc.returncode != 0:
-        pytest.skip(f"the NeMo RL environment could not be built (scripts/nemo_rl_venv.sh): {proc.stderr[-2000:]}")
-    return Path(proc.stdout.strip().splitlines()[-1]) / "bin" / "python"
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("VIRTUAL_ENV", None)
-    env.pop("PYTHONPATH", None)
-    return env
+    SESSION.prepare()
+    if SESSION.setup_error is not None:
+        pytest.skip(SESSION.setup_error)
+    assert SESSION.python is not None
+    return SESSION.python
 
 
 def _summary(output: str) -> str:
@@ -49,21 +38,11 @@ def _summary(output: str) -> str:
 
 
 def test_nemo_rl_tests_pass_in_the_nemo_rl_env(nemo_rl_python: Path) -> None:
-    modules = sorted(str(p.relative_to(REPO)) for p in HERE.glob("test_*.py") if p.name != Path(__file__).name)
-    assert modules, "no NeMo RL test modules found"
-    proc = subprocess.run(
-        # faulthandler: a crash of the session (a clean-clone run of 5a9f16e: SIGSEGV after its 81 passed, not seen
-        # again in two runs) prints every thread's stack in the output shown below
-        [str(nemo_rl_python), "-X", "faulthandler", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfEs", *modules],
-        cwd=REPO,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=3000,
-    )
-    output = proc.stdout + proc.stderr
+    assert modules(), "no NeMo RL test modules found"
+    rc, output = SESSION.result()
     print(output[-6000:])
-    assert proc.returncode == 0, f"NeMo RL env session failed ({_summary(output)}):\n{output[-6000:]}"
+    assert rc is not None, f"NeMo RL env session killed after its time limit ({_summary(output)}):\n{output[-6000:]}"
+    assert rc == 0, f"NeMo RL env session failed ({_summary(output)}):\n{output[-6000:]}"
     assert re.search(r"\b[1-9]\d* passed\b", _summary(output)), output[-3000:]
 
 
@@ -72,7 +51,7 @@ def test_nemo_rl_own_unit_tests_pass_with_the_plugin_installed(nemo_rl_python: P
     proc = subprocess.run(
         [str(nemo_rl_python), str(REPO / "polar_lab" / "nemo_rl_unit_tests.py"), "--json", str(out)],
         cwd=REPO,
-        env=_env(),
+        env=clean_env(),
         capture_output=True,
         text=True,
         timeout=1800,
