@@ -150,7 +150,9 @@ def test_agent_timeout_yields_timeout_and_a_partial_trajectory(upstream: dict[st
             "task_id": f"hang-{upstream['kind']}",
             "instruction": "run the two commands",
             "runtime": {"isolation": "sandbox", "source": "example:slugify"},
-            "agent": {"harness": "mini_swe_agent", "timeout_s": 40, "sampling": SAMPLING},
+            # the CLI starts in ~5 s and makes its two calls in ~2 s more on either upstream: 25 s leave room for a
+            # loaded machine, and the hang (600 s) outlasts them whatever they are
+            "agent": {"harness": "mini_swe_agent", "timeout_s": 25, "sampling": SAMPLING},
             "builder": "per_request",
             "evaluator": "session_completed",
             "plans": [plan],
