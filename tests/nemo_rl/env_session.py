@@ -95,7 +95,7 @@ class EnvSession:
         return rc, self.log.read_text(errors="replace")
 
     def stop(self) -> None:
-        """Kill the session and everything it started, if it still runs; remove its log."""
+        """Kill the session and everything it started, if it still runs."""
         if self.proc is not None and self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -104,6 +104,7 @@ class EnvSession:
             self.proc.wait()
 
     def close(self) -> None:
+        """`stop()`, then remove the log."""
         self.stop()
         if self.log is not None:
             self.log.unlink(missing_ok=True)

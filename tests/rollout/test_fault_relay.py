@@ -48,7 +48,7 @@ def test_no_record_lost_and_no_session_hangs_through_faults(upstream: dict[str, 
                 store_dir=str(tmp_path / "proxy"),
                 served_model=upstream["model"],
                 read_timeout_s=read_timeout_s,
-                **({} if fake else {"stream_headers_after_s": 8.0}),
+                stream_headers_after_s=8.0,  # never reached on the FAKE upstream (2 s read timeout)
             )
         ).start()
         runner, url, _ = await start_server(tmp_path)
