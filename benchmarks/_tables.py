@@ -34,6 +34,7 @@ SCRIPT_ARGS: dict[str, list[str]] = {
     "prefix_cache": ["--quick"],  # one session per harness and configuration
     "session_budget": ["--tasks", "median"],  # every installed CLI, one example task
     "learning_curve": ["--quick"],  # 1 seed, 3 steps, 2 arms; the full run is `make learning-curve`
+    "proxy_flags": ["--arm", "off=--store-direct-io off", "--arm", "default="],  # the payload file's direct writes
 }
 
 

@@ -80,6 +80,7 @@ class Proxy:
             fsync=config.fsync,
             session_deltas=config.session_deltas,
             page_cache_mb=config.store_page_cache_mb,
+            direct_io=config.store_direct_io,
         )
         self.sessions = SessionManager(self.store)
         # Python API: create a session, with an optional request classifier (the adapter's `classify_request`)

@@ -30,6 +30,16 @@ def _cache_mb(text: str) -> int | None:
     return int(text)
 
 
+_DIRECT_IO = {"auto": None, "on": True, "off": False}
+
+
+def _direct_io(text: str) -> bool | None:
+    """`--store-direct-io`: auto | on | off."""
+    if text not in _DIRECT_IO:
+        raise argparse.ArgumentTypeError(f"expected auto, on or off, not {text!r}")
+    return _DIRECT_IO[text]
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = subparsers.add_parser("proxy", help="run the model-API proxy (records every call token-faithfully)")
     p.add_argument(
@@ -78,6 +88,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         metavar="MB|all",
         help="MiB of the record store's payload file kept in the page cache behind its end; older pages are dropped "
         "once on disk (default: %(default)s; `all`: the OS decides)",
+    )
+    p.add_argument(
+        "--store-direct-io",
+        type=_direct_io,
+        default=_Defaults.store_direct_io,
+        metavar="auto|on|off",
+        help="write the record store's payload file with O_DIRECT, past the page cache (less CPU per record); "
+        "auto (default): on a local block file system (ext4, xfs, btrfs, f2fs); on: wherever the file system takes it",
     )
     p.add_argument(
         "--no-session-deltas",

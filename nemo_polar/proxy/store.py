@@ -19,8 +19,9 @@ archive the directory, not the database alone.
 
 Writers. Several processes may write one store (a rollout server and its gateways, tools). A batch with payloads
 begins with `BEGIN IMMEDIATE`, takes SQLite's write lock, and only then reads the file's end and writes its frames
-there (vectored writes of at most 1 MiB), so two writers never take the same offset; the rows that reference the
-frames commit in the same transaction. Durability is unchanged: without `fsync` the frames are in the OS before the
+there (vectored writes of at most 1 MiB; a batch of 256 KiB or more on a local block file system with O_DIRECT,
+starting on a 4 KiB boundary and padded to the next: `PayloadFile`, `direct_io`), so two writers never take the same
+offset; the rows that reference the frames commit in the same transaction. Durability is unchanged: without `fsync` the frames are in the OS before the
 commit is, so a killed process loses nothing it committed; with `fsync` the frames are fsynced before the commit
 that references them. Only the checkpointer thread checkpoints (`wal_autocheckpoint=0`), and it syncs the payload
 file first, for the commits that a read transaction pins (the checkpoint cannot pass them), so no row reaches the
@@ -128,6 +129,9 @@ class RecordStore:
         page_cache_mb: how much of the payload file's end stays in the OS's page cache: after each checkpoint's
             sync, older pages are dropped (`PayloadFile.drop_cached`), so the file's cached part stays this size and
             its writes reuse memory freed moments before. `None` leaves the page cache to the OS.
+        direct_io: write the payload file's frames with O_DIRECT, past the page cache (`PayloadFile`): `None` (the
+            default) where the file system is a local block one, `True` wherever the file system takes it, `False`
+            never.
     """
 
     def __init__(
@@ -138,12 +142,13 @@ class RecordStore:
         max_batch: int = 1024,
         session_deltas: bool = True,
         page_cache_mb: int | None = PAGE_CACHE_MB,
+        direct_io: bool | None = None,
     ):
         if page_cache_mb is not None and page_cache_mb < 0:
             raise ValueError(f"page_cache_mb must be >= 0 or None, not {page_cache_mb}")
         self.directory = Path(directory)
         self.path = self.directory / DB_NAME
-        self._payloads = PayloadFile(self.directory / PAYLOADS_NAME, writable=True)
+        self._payloads = PayloadFile(self.directory / PAYLOADS_NAME, writable=True, direct_io=direct_io)
         self._fsync = fsync
         self._keep_cached = None if page_cache_mb is None else page_cache_mb << 20
         self._max_batch = max_batch

@@ -18,10 +18,12 @@ import time
 
 import pytest
 
-from nemo_polar.proxy.payloads import PayloadFile
+from nemo_polar.proxy import payloads
+from nemo_polar.proxy.payloads import _REF, PayloadFile
 from nemo_polar.proxy.record_json import record_bytes
 from nemo_polar.proxy.store import DB_NAME, INLINE_MAX, PAYLOADS_NAME, RecordStore, StoreCorrupt, read_records
 from nemo_polar.types import CompletionRecord
+from tests.proxy.test_payload_direct import _needs_direct_writes
 from tests.proxy.test_store import old_store_db
 
 _FRAME_HEADER = 12  # magic, length, crc32
@@ -56,7 +58,7 @@ def _commit_all(store: RecordStore, records: list[CompletionRecord]) -> None:
 def test_large_records_go_to_the_payload_file_small_ones_stay_inline(tmp_path, fsync):
     small, large = _rec(0, tokens=10), _rec(1)
     assert len(record_bytes(small)) <= INLINE_MAX < len(record_bytes(large))
-    store = RecordStore(tmp_path, fsync=fsync).open()
+    store = RecordStore(tmp_path, fsync=fsync, direct_io=False).open()  # frames back to back (direct: padded)
     _commit_all(store, [small, large, _rec(2)])
     assert store.get_record("r0") == small and store.get_record("r1") == large
     assert store.list_records("s1") == [small, large, _rec(2)]
@@ -159,7 +161,10 @@ _CHILD = textwrap.dedent(
     from tests.proxy.test_store_payloads import _rec
 
     directory, session, n, hold = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4] == "hold"
-    store = RecordStore(directory).open()
+    if sys.argv[5] == "on":  # every batch direct, however small
+        import nemo_polar.proxy.payloads
+        nemo_polar.proxy.payloads.DIRECT_MIN_BYTES = 0
+    store = RecordStore(directory, direct_io={"on": True, "off": False}.get(sys.argv[5])).open()
 
     async def main():
         for i in range(0, n, 4):
@@ -179,10 +184,10 @@ _CHILD = textwrap.dedent(
 )
 
 
-def _child(tmp_path, session: str, n: int, hold: bool) -> subprocess.Popen[str]:
+def _child(tmp_path, session: str, n: int, hold: bool, direct: str = "auto") -> subprocess.Popen[str]:
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     return subprocess.Popen(
-        [sys.executable, "-c", _CHILD, str(tmp_path), session, str(n), "hold" if hold else "run"],
+        [sys.executable, "-c", _CHILD, str(tmp_path), session, str(n), "hold" if hold else "run", direct],
         cwd=root,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
@@ -191,13 +196,18 @@ def _child(tmp_path, session: str, n: int, hold: bool) -> subprocess.Popen[str]:
     )
 
 
-def test_concurrent_writers_in_threads_and_processes_never_overlap(tmp_path):
+@pytest.mark.parametrize("direct", ["off", "on", "mixed"])
+def test_concurrent_writers_in_threads_and_processes_never_overlap(tmp_path, direct, monkeypatch):
     """Two stores in this process (the event loop's writes and a writer thread's) and one in another process
-    commit to one store at once: every record reads back whole and its own."""
+    commit to one store at once: every record reads back whole and its own. Written through the page cache the
+    frames lie back to back; with direct writes (or some writers direct, some not) each batch starts on a 4 KiB
+    boundary, and no two frames overlap."""
     n = 60
-    child = _child(tmp_path, "proc", n, hold=False)
-    a = RecordStore(tmp_path).open()
-    b = RecordStore(tmp_path, fsync=True).open()
+    on = {"off": (False, False, "off"), "on": (True, True, "on"), "mixed": (True, False, "off")}[direct]
+    monkeypatch.setattr(payloads, "DIRECT_MIN_BYTES", 0)  # every batch of a direct writer direct, however small
+    child = _child(tmp_path, "proc", n, hold=False, direct=on[2])
+    a = RecordStore(tmp_path, direct_io=on[0]).open()
+    b = RecordStore(tmp_path, fsync=True, direct_io=on[1]).open()
     assert child.stdout.readline().strip() == "ready"
     child.stdin.write("go\n")
     child.stdin.flush()
@@ -217,8 +227,18 @@ def test_concurrent_writers_in_threads_and_processes_never_overlap(tmp_path):
     assert len(got) == 3 * n
     for r in got:
         assert r == _rec(r.seq, r.session_id)
-    frames = sum(_FRAME_HEADER + len(record_bytes(r)) for r in got)
-    assert (tmp_path / PAYLOADS_NAME).stat().st_size == frames  # back to back: no gap, no overlap
+    frames = sorted(_REF.unpack(ref)[1:3] for ref in _rows(tmp_path).values())
+    assert len(frames) == 3 * n
+    size = (tmp_path / PAYLOADS_NAME).stat().st_size
+    if direct == "off":
+        assert size == sum(_FRAME_HEADER + length for _, length in frames)  # back to back: no gap, no overlap
+    else:
+        _needs_direct_writes(tmp_path)
+        ends = [offset + _FRAME_HEADER + length for offset, length in frames]
+        assert all(end <= nxt for end, (nxt, _) in zip(ends, frames[1:], strict=False))  # no overlap
+        assert ends[-1] <= size
+        if direct == "on":
+            assert size % 4096 == 0
 
 
 def test_a_committed_record_survives_sigkill_of_its_process(tmp_path):
@@ -239,8 +259,6 @@ def test_a_committed_record_survives_sigkill_of_its_process(tmp_path):
 def test_a_batch_is_written_in_bounded_vectored_writes_and_survives_short_writes(tmp_path, monkeypatch):
     """Frames go out back to back in writes of at most `_WRITE_MAX` bytes (one larger frame alone), never as one
     joined buffer; a write the kernel cuts short is resumed where it stopped."""
-    from nemo_polar.proxy import payloads
-
     parts = [bytes([i % 251]) * size for i, size in enumerate([12, 700_000, 12, 600_000, 12, 2_500_000, 12, 5, 12, 9])]
     calls: list[int] = []
     real = os.pwritev
@@ -299,26 +317,26 @@ def _needs_droppable_pages(directory) -> None:
 
 def test_synced_pages_before_the_given_offset_leave_the_page_cache_and_still_read(tmp_path):
     _needs_droppable_pages(tmp_path)
-    payloads = PayloadFile(tmp_path / PAYLOADS_NAME, writable=True)
+    pf = PayloadFile(tmp_path / PAYLOADS_NAME, writable=True, direct_io=False)
     blobs = [bytes([i]) * (256 << 10) for i in range(16)]  # 4 MiB of frames
-    refs = payloads.append(blobs)
-    synced = payloads.sync()
-    assert synced == os.path.getsize(payloads.path)
+    refs = pf.append(blobs)
+    synced = pf.sync()
+    assert synced == os.path.getsize(pf.path)
     pages = synced // mmap.PAGESIZE
-    assert _resident(payloads.path, 0, synced) >= pages - 1  # written through the page cache
-    payloads.drop_cached(synced // 2)
-    head, tail = _resident(payloads.path, 0, synced // 2), _resident(payloads.path, synced // 2, synced)
+    assert _resident(pf.path, 0, synced) >= pages - 1  # written through the page cache
+    pf.drop_cached(synced // 2)
+    head, tail = _resident(pf.path, 0, synced // 2), _resident(pf.path, synced // 2, synced)
     assert head <= 1 and tail >= pages // 2 - 1  # the head dropped (an edge page may stay), the tail kept
-    payloads.drop_cached(synced // 4)  # behind what was dropped already: nothing to do
-    assert [payloads.resolve(f"r{i}", ref) for i, ref in enumerate(refs)] == blobs  # read back from the disk
-    payloads.close()
+    pf.drop_cached(synced // 4)  # behind what was dropped already: nothing to do
+    assert [pf.resolve(f"r{i}", ref) for i, ref in enumerate(refs)] == blobs  # read back from the disk
+    pf.close()
 
 
 @pytest.mark.parametrize("keep_mb", [0, None], ids=["window-0", "keep-all"])
 def test_the_store_keeps_only_its_window_of_the_payload_file_cached(tmp_path, keep_mb):
     _needs_droppable_pages(tmp_path)
     records = [_rec(i, tokens=20_000) for i in range(40)]  # ~110 KB of JSON each: ~4.4 MB of frames
-    store = RecordStore(tmp_path, page_cache_mb=keep_mb)
+    store = RecordStore(tmp_path, page_cache_mb=keep_mb, direct_io=False)  # written through the page cache
     store.checkpoint_every_s = 0.05
     store.open()
     _commit_all(store, records)
