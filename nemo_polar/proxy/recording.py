@@ -10,8 +10,9 @@ module does no I/O: the caller commits the record to the store.
 
 from __future__ import annotations
 
+import os
+import random
 import time
-import uuid
 from typing import Any
 
 import orjson
@@ -21,14 +22,30 @@ from nemo_polar.proxy.normalized import ProviderError
 from nemo_polar.proxy.sessions import Session
 from nemo_polar.types import CompletionRecord
 
-__all__ = ["completed", "error_dict", "failed", "open_record", "rejected"]
+__all__ = ["completed", "error_dict", "failed", "open_record", "record_id", "rejected"]
+
+# the random part of record ids: a generator of this module's own (a caller seeding `random` cannot make two
+# processes draw the same ids), seeded from the OS and again in a forked child
+_ids = random.Random()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_ids.seed)
+
+
+def record_id() -> str:
+    """A new record's id: 32 hex digits laid out as a UUID version 7 (RFC 9562): the time in milliseconds, then 74
+    random bits. Ids made close in time sort close together, so the store's primary-key index takes a batch's new
+    ids on one or two leaf pages, not one page each, as random (version 4) ids did: a commit of 20 records wrote 22
+    pages to SQLite's WAL with those and 13 with these (docs/performance.md, "Record ids")."""
+    bits = _ids.getrandbits(74)
+    value = (time.time_ns() // 1_000_000) << 80 | 0x7 << 76 | (bits >> 62) << 64 | 0b10 << 62 | (bits & (1 << 62) - 1)
+    return f"{value:032x}"
 
 
 def open_record(
     session: Session, dialect: str, arrived: float, original: dict[str, Any], requested_model: str | None
 ) -> CompletionRecord:
     return CompletionRecord(
-        id=uuid.uuid4().hex,
+        id=record_id(),
         session_id=session.session_id,
         seq=session.take_seq(),
         dialect=dialect,
