@@ -8,10 +8,15 @@ round, so a change of the machine's load falls on every arm. Per arm: the median
 system part), throughput, each round's ratio to the pass-through, and against the baseline the median ratio and in
 how many rounds the arm used less CPU. Every proxy runs the same code, so nothing but the flags differs (an A/B of
 two checkouts needs two copies of the code and a neutral working directory: docs/performance.md, "A flaw in the
-earlier A/B runs").
+earlier A/B runs"). `--code NAME=DIR` makes arm NAME's proxy import the package from DIR instead (a checkout of
+another commit, its C modules built or copied in): the proxies then start from an empty working directory, and the
+run stops if an arm's proxy loaded its C scanner from anywhere else.
 
     .venv/bin/python benchmarks/proxy_flags.py --arm off="--store-direct-io off" --arm auto="" [--c 64]
         [--rounds 12] [--n 4000] [--tokens-per-chunk 1]
+    git worktree add /tmp/old HEAD~1 && cp nemo_polar/*.so /tmp/old/nemo_polar/ && \
+        cp nemo_polar/proxy/engines/*.so /tmp/old/nemo_polar/proxy/engines/
+    .venv/bin/python benchmarks/proxy_flags.py --arm old= --code old=/tmp/old --arm new=
 """
 
 from __future__ import annotations
@@ -20,13 +25,15 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 from typing import Any
 
-import _path  # noqa: F401  (the repository root, for polar_lab)
+import _path  # the repository root (for polar_lab; `_path.REPO`)
 import proxy_overhead as po
 from peers import MIX_FAKE, mix_bodies
 
@@ -41,6 +48,22 @@ def parse_arm(text: str) -> tuple[str, tuple[str, ...]]:
     if not sep or not name or name == PASS:
         raise argparse.ArgumentTypeError(f"expected NAME=FLAGS with a name other than {PASS!r}, not {text!r}")
     return name, tuple(shlex.split(flags))
+
+
+def parse_code(text: str) -> tuple[str, str]:
+    """`NAME=DIR`: arm NAME's proxy imports the package from DIR (a directory holding `nemo_polar/`)."""
+    name, sep, where = text.partition("=")
+    if not sep or not name or not os.path.isdir(os.path.join(where, "nemo_polar")):
+        raise argparse.ArgumentTypeError(f"expected NAME=DIR with DIR holding nemo_polar/, not {text!r}")
+    return name, os.path.abspath(where)
+
+
+def loaded_from(pid: int) -> set[str]:
+    """Where a process loaded the package's C scanner from (its directories; empty: not loaded)."""
+    marker = os.path.join("nemo_polar", "proxy", "engines", "_sse_scan")
+    with open(f"/proc/{pid}/maps") as f:
+        paths = {line.split()[-1] for line in f if marker in line}
+    return {p[: p.index(marker)].rstrip("/") for p in paths}
 
 
 def summary(rounds: list[dict[str, tuple[float, float, float]]], baseline: str) -> list[dict[str, Any]]:
@@ -82,10 +105,23 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=3000, help="requests per arm and round")
     ap.add_argument("--tokens-per-chunk", type=int, default=1, help="the FAKE upstream's stream interval")
     ap.add_argument("--json", default=None, help="also write the rounds and the summary here")
+    ap.add_argument(
+        "--code",
+        type=parse_code,
+        action="append",
+        default=[],
+        metavar="NAME=DIR",
+        help="arm NAME's proxy imports the package from DIR (another checkout) instead of this repository",
+    )
     args = ap.parse_args()
     names = [name for name, _ in args.arm]
     if len(set(names)) != len(names):
         ap.error(f"arm names must differ: {names}")
+    codes = dict(args.code)
+    if set(codes) - set(names):
+        ap.error(f"--code names no arm: {sorted(set(codes) - set(names))}")
+    if codes:  # `python -m` puts the working directory first on sys.path: start the proxies from an empty one
+        os.chdir(tempfile.mkdtemp(prefix="polar-ab-"))
     bodies = [json.dumps(b).encode() for b in mix_bodies("fake-model", MIX_FAKE)]
     port = free_port()
     cmd = [sys.executable, "-m", "polar_lab.fake_upstream", "--port", str(port), "--sized"]
@@ -98,11 +134,20 @@ def main() -> int:
         po._wait(upstream + "/health")
         with contextlib.ExitStack() as stacks:
             targets: dict[str, tuple[str, dict[str, str], int | None]] = {}
+            ours = os.environ.get("PYTHONPATH", "")
             for name, flags in args.arm:
-                stack = stacks.enter_context(po.Stack(upstream, "fake-model", proxy_args=flags))
+                os.environ["PYTHONPATH"] = os.pathsep.join([codes[name], ours]) if name in codes else ours
+                try:
+                    stack = stacks.enter_context(po.Stack(upstream, "fake-model", proxy_args=flags))
+                finally:
+                    os.environ["PYTHONPATH"] = ours
                 found = {path: (url, headers, pid) for path, url, headers, pid in stack.targets()}
                 targets[name] = found["polar"]
                 targets.setdefault(PASS, found[PASS])
+                where = loaded_from(stack.polar.pid)
+                print(f"arm {name}: proxy's C scanner from {sorted(where) or 'nowhere (not built)'}")
+                if where and where != {codes.get(name, str(_path.REPO))}:
+                    raise SystemExit(f"arm {name}'s proxy runs other code than asked for: {sorted(where)}")
             order = list(targets)
             print(f"mix at c={args.c}, {args.n} requests per arm and round, {args.tokens_per_chunk} token(s) a chunk")
             for k in range(args.rounds):

@@ -43,3 +43,21 @@ def test_the_summary_is_medians_of_rounds_and_per_round_ratios() -> None:
     assert rows["new"]["lower_rounds"] == 2
     assert "cpu_vs_base" not in rows["base"] and "cpu_vs_base" not in rows["passthrough"]
     assert rows["passthrough"]["cpu_vs_pass"] == 1.0
+
+
+def test_an_arm_s_code_is_a_directory_holding_the_package(tmp_path: Path) -> None:
+    (tmp_path / "old" / "nemo_polar").mkdir(parents=True)
+    assert pf.parse_code(f"old={tmp_path / 'old'}") == ("old", str(tmp_path / "old"))
+    for bad in (f"old={tmp_path}", "old", f"={tmp_path / 'old'}"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            pf.parse_code(bad)
+
+
+def test_where_a_process_loaded_the_c_scanner_from() -> None:
+    import os
+
+    from nemo_polar.proxy.engines import vllm_stream
+
+    if vllm_stream.SCANNER != "c":
+        pytest.skip("the C scanner is not built here (no compiler at install)")
+    assert pf.loaded_from(os.getpid()) == {str(Path(vllm_stream.__file__).resolve().parents[3])}
