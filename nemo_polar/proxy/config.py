@@ -40,8 +40,9 @@ class ProxyConfig:
     # MiB of the store's payload file kept in the OS's page cache behind its end; older pages are dropped once on disk
     # (`RecordStore(page_cache_mb=)`; docs/performance.md, "The payload file's page cache"). None: the OS decides.
     store_page_cache_mb: int | None = PAGE_CACHE_MB
-    # the payload file's frames written with O_DIRECT, past the page cache (`RecordStore(direct_io=)`; docs/performance.md,
-    # "The payload file's direct writes"). None: where its file system is a local block one; True: wherever it is taken
+    # the payload file's frames written with O_DIRECT, past the page cache (`RecordStore(direct_io=)`;
+    # docs/performance.md, "The payload file's direct writes"). None: where its file system is a local block one;
+    # True: wherever the file system takes it; False: never
     store_direct_io: bool | None = None
     prefix_preserving: str | None = None  # None | "splice" (stock vLLM) | "nemo_rl" (required_prefix_token_ids)
     model_dir: str | None = None

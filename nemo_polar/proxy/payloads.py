@@ -134,10 +134,10 @@ class PayloadFile:
     `DIRECT_MIN_BYTES` or more with O_DIRECT, from an aligned staging buffer, starting on a 4 KiB boundary and padded
     with zeros to the next (the padding is never referenced), so its bytes are never copied into the page cache and
     the periodic sync has nothing left to write back; smaller batches still use the page cache. Where the file
-    system refuses O_DIRECT the file falls back to the page cache (`direct` says which is in use). None (the default): True on a local block file system
-    (`DIRECT_IO_FILE_SYSTEMS`), else False. Reads always go through the page cache. Why: on this project's VMs a
-    write into fresh page-cache memory costs ~1-2 ms of CPU per MB, a direct write ~0.1 (docs/performance.md, "The
-    payload file's direct writes")."""
+    system refuses O_DIRECT the file falls back to the page cache (`direct` says which is in use). None (the
+    default): True on a local block file system (`DIRECT_IO_FILE_SYSTEMS`), else False. Reads always go through the
+    page cache. Why: on this project's VMs a write into fresh page-cache memory costs ~1-2 ms of CPU per MB, a direct
+    write ~0.1 (docs/performance.md, "The payload file's direct writes")."""
 
     def __init__(self, path: Path, *, writable: bool, direct_io: bool | None = None):
         self.path = path
@@ -162,10 +162,10 @@ class PayloadFile:
 
     def append(self, payloads: Sequence[Buffer | list[Buffer]]) -> list[bytes]:
         """Write `payloads` as frames at the file's end, back to back (`_write_at`, or a direct write: class
-        docstring); return their row references. A
-        payload given as a list of buffers is their bytes back to back (written as they are, never joined). The
-        caller holds SQLite's write lock (`BEGIN IMMEDIATE`), so no other writer, in this process or another, takes
-        the same end; bytes of a writer that failed or died before its commit stay as garbage no row points to."""
+        docstring); return their row references. A payload given as a list of buffers is their bytes back to back
+        (written as they are, never joined). The caller holds SQLite's write lock (`BEGIN IMMEDIATE`), so no other
+        writer, in this process or another, takes the same end; bytes of a writer that failed or died before its
+        commit stay as garbage no row points to."""
         fd = self._open()
         assert fd is not None
         frames = []

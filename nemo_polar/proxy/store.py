@@ -17,17 +17,18 @@ payload is `StoreCorrupt` naming the record, never other bytes. The file only gr
 bytes of a batch whose commit failed or whose process died before committing, are garbage no row points to. Copy or
 archive the directory, not the database alone.
 
-Writers. Several processes may write one store (a rollout server and its gateways, tools). A batch with payloads
-begins with `BEGIN IMMEDIATE`, takes SQLite's write lock, and only then reads the file's end and writes its frames
-there (vectored writes of at most 1 MiB; a batch of 256 KiB or more on a local block file system with O_DIRECT,
-starting on a 4 KiB boundary and padded to the next: `PayloadFile`, `direct_io`), so two writers never take the same
-offset; the rows that reference the frames commit in the same transaction. Durability is unchanged: without `fsync` the frames are in the OS before the
-commit is, so a killed process loses nothing it committed; with `fsync` the frames are fsynced before the commit
-that references them. Only the checkpointer thread checkpoints (`wal_autocheckpoint=0`), and it syncs the payload
-file first, for the commits that a read transaction pins (the checkpoint cannot pass them), so no row reaches the
-database file before its payload is on disk; `open` and `close` sync it before SQLite's checkpoint on closing the
-last connection. After each checkpoint's sync the payload file's pages more than `page_cache_mb` behind its end are
-dropped from the OS's page cache (docs/performance.md, "The payload file's page cache").
+Writers. Several processes may write one store (a rollout server and its gateways, tools). A batch with payloads begins
+with `BEGIN IMMEDIATE`, takes SQLite's write lock, and only then reads the file's end and writes its frames there
+(vectored writes of at most 1 MiB; a batch of 256 KiB or more on a local block file system with O_DIRECT, starting on a
+4 KiB boundary and padded to the next: `PayloadFile`, `direct_io`), so two writers never take the same offset; the rows
+that reference the frames commit in the same transaction. Durability is unchanged: without `fsync` the frames are in
+the OS (written directly: handed to the disk) before the commit is, so a killed process loses nothing it committed;
+with `fsync` the frames are fsynced before the commit that references them. Only the checkpointer thread checkpoints
+(`wal_autocheckpoint=0`), and it syncs the payload file first, for the commits that a read transaction pins (the
+checkpoint cannot pass them), so no row reaches the database file before its payload is on disk; `open` and `close`
+sync it before SQLite's checkpoint on closing the last connection. After each checkpoint's sync the payload file's
+pages more than `page_cache_mb` behind its end are dropped from the OS's page cache (docs/performance.md, "The payload
+file's page cache").
 
 A record may first be written as *pending* (`put_pending`) when a call is admitted; `commit` replaces it with the
 final record, updating the placeholder's row in place (its index entries are not deleted and re-inserted). The
