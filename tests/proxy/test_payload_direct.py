@@ -178,17 +178,8 @@ def test_auto_writes_directly_only_on_local_block_file_systems(tmp_path, monkeyp
     ("flags", "want"), [([], None), (["--store-direct-io", "on"], True), (["--store-direct-io", "off"], False)]
 )
 def test_polar_proxy_s_flag_sets_direct_writes(tmp_path, flags, want):
-    import argparse
+    from tests.proxy.test_store_payloads import proxy_from_flags
 
-    from nemo_polar.keywords import same_named
-    from nemo_polar.proxy import cli
-    from nemo_polar.proxy.app import Proxy
-    from nemo_polar.proxy.config import ProxyConfig
-
-    parser = argparse.ArgumentParser()
-    cli.register(parser.add_subparsers())
-    args = parser.parse_args(["proxy", "--upstream", "http://127.0.0.1:9", "--store", str(tmp_path), *flags])
-    cfg = ProxyConfig(**same_named(args, ProxyConfig, upstreams=args.upstream, store_dir=args.store, sampling={}))
-    assert Proxy(cfg).store._payloads._direct_io is want
+    assert proxy_from_flags(tmp_path, flags).store._payloads._direct_io is want
     with pytest.raises(SystemExit):
-        parser.parse_args(["proxy", "--upstream", "u", "--store", "s", "--store-direct-io", "yes"])
+        proxy_from_flags(tmp_path, ["--store-direct-io", "yes"])

@@ -362,6 +362,13 @@ def test_a_negative_window_is_refused():
     [([], 256 << 20), (["--store-page-cache-mb", "16"], 16 << 20), (["--store-page-cache-mb", "all"], None)],
 )
 def test_polar_proxy_s_flag_sets_the_store_s_window(tmp_path, flags, kept):
+    assert proxy_from_flags(tmp_path, flags).store._keep_cached == kept
+    with pytest.raises(SystemExit):
+        proxy_from_flags(tmp_path, ["--store-page-cache-mb", "-1"])
+
+
+def proxy_from_flags(tmp_path, flags: list[str]):  # type: ignore[no-untyped-def]
+    """The `Proxy` that `polar proxy --upstream ... --store tmp_path FLAGS` builds (not started)."""
     import argparse
 
     from nemo_polar.keywords import same_named
@@ -372,7 +379,6 @@ def test_polar_proxy_s_flag_sets_the_store_s_window(tmp_path, flags, kept):
     parser = argparse.ArgumentParser()
     cli.register(parser.add_subparsers())
     args = parser.parse_args(["proxy", "--upstream", "http://127.0.0.1:9", "--store", str(tmp_path), *flags])
-    cfg = ProxyConfig(**same_named(args, ProxyConfig, upstreams=args.upstream, store_dir=args.store, sampling={}))
-    assert Proxy(cfg).store._keep_cached == kept
-    with pytest.raises(SystemExit):
-        parser.parse_args(["proxy", "--upstream", "u", "--store", "s", "--store-page-cache-mb", "-1"])
+    return Proxy(
+        ProxyConfig(**same_named(args, ProxyConfig, upstreams=args.upstream, store_dir=args.store, sampling={}))
+    )
