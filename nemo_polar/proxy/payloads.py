@@ -84,8 +84,9 @@ _ZEROS = bytes(_ALIGN)
 # a batch smaller than this goes through the page cache even where direct writes are on: a direct write waits for
 # the disk (~0.1 ms here), a small buffered one does not, and most of the CPU a direct write saves is per byte
 DIRECT_MIN_BYTES = 256 << 10
-# file systems on local block devices, where `direct_io=None` (auto) writes with O_DIRECT; elsewhere (tmpfs, which
-# refuses it; network file systems, where each direct write is a round trip; FUSE; overlays) the page cache is used
+# file systems on local block devices, where `direct_io=None` (auto) writes with O_DIRECT; elsewhere the page cache
+# is used: tmpfs (the page cache is the file: nothing to bypass; older kernels refuse O_DIRECT there), network
+# file systems (every direct write a round trip), FUSE, overlays
 DIRECT_IO_FILE_SYSTEMS = frozenset({"ext4", "ext3", "ext2", "xfs", "btrfs", "f2fs"})
 
 
@@ -217,7 +218,7 @@ class PayloadFile:
                     self._dfd = os.open(self.path, os.O_WRONLY | os.O_DIRECT | getattr(os, "O_CLOEXEC", 0))
                     self._stage = mmap.mmap(-1, _STAGE_BYTES)
                     self.direct = True
-                except OSError as exc:  # tmpfs and others refuse O_DIRECT at open
+                except OSError as exc:  # a file system that refuses O_DIRECT at the open (EINVAL)
                     log.info(
                         "payload file %s: no direct writes here (%s); writing through the page cache", self.path, exc
                     )
