@@ -54,6 +54,15 @@ _WRITE_MAX = 1 << 20
 _IOV_MAX = min(os.sysconf("SC_IOV_MAX") if hasattr(os, "sysconf") else 1024, 1024)
 
 
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> int:
+    """Write all of `data` at `offset`; returns the offset after it. A direct write the kernel cuts short stops at a
+    block boundary, so the rest stays aligned."""
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n
+    return offset
+
+
 def _write_at(fd: int, parts: list[Buffer], offset: int) -> None:
     """Write `parts` back to back at `offset`: vectored writes of at most `_WRITE_MAX` bytes (a single part larger
     than that alone), resumed after a short write."""
@@ -68,11 +77,8 @@ def _write_at(fd: int, parts: list[Buffer], offset: int) -> None:
             i += 1
         n = os.pwritev(fd, group, offset)
         offset += n
-        if n < size:  # a short write (rare: a signal, a full disk that then raises): the rest one buffer at a time
-            rest = memoryview(b"".join(group))[n:]
-            while rest:
-                k = os.pwrite(fd, rest, offset)
-                rest, offset = rest[k:], offset + k
+        if n < size:  # a short write (rare: a signal, a full disk that then raises): the rest as one buffer
+            offset = _pwrite_all(fd, memoryview(b"".join(group))[n:], offset)
 
 
 # Direct writes (`PayloadFile(direct_io=)`): offsets, lengths and memory aligned to this (a multiple of any disk's
@@ -109,15 +115,6 @@ def file_system(path: str | os.PathLike[str], mountinfo: str = "/proc/self/mount
     except OSError:
         return None
     return kind
-
-
-def _pwrite_all(fd: int, data: memoryview, offset: int) -> int:
-    """Write all of `data` at `offset`; returns the offset after it. A direct write the kernel cuts short stops at a
-    block boundary, so the rest stays aligned."""
-    while data:
-        n = os.pwrite(fd, data, offset)
-        data, offset = data[n:], offset + n
-    return offset
 
 
 class StoreCorrupt(PolarError, RuntimeError):
@@ -233,20 +230,15 @@ class PayloadFile:
         pos = 0
         try:
             for part in parts:
-                n = len(part)
-                if pos + n < _STAGE_BYTES:  # the usual case: it fits
-                    stage[pos : pos + n] = part
-                    pos += n
-                    continue
                 view = memoryview(part).cast("B")
-                while view:
-                    k = min(len(view), _STAGE_BYTES - pos)
-                    stage[pos : pos + k] = view[:k]
-                    pos += k
+                while len(view) > _STAGE_BYTES - pos:  # fill the buffer, write it whole, start again
+                    k = _STAGE_BYTES - pos
+                    stage[pos:] = view[:k]
                     view = view[k:]
-                    if pos == _STAGE_BYTES:
-                        offset = _pwrite_all(dfd, stage, offset)
-                        pos = 0
+                    offset = _pwrite_all(dfd, stage, offset)
+                    pos = 0
+                stage[pos : pos + len(view)] = view
+                pos += len(view)
             if pos:
                 end = -(-pos // _ALIGN) * _ALIGN
                 stage[pos:end] = _ZEROS[: end - pos]
