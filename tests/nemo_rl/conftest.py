@@ -13,6 +13,8 @@ venv, not in the project venv. So:
 from __future__ import annotations
 
 import importlib.util
+import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,3 +43,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     env_session.SESSION.close()
+
+
+_SESSION: list[pytest.Session] = []
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    _SESSION.append(session)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """The NeMo RL env's session (`env_session.QUICK_EXIT_ENV`) leaves here with pytest's exit status: its report is
+    out, and the interpreter's teardown of Ray, torch and vLLM (which crashed it twice, env_session.py) is skipped."""
+    if not (IN_NEMO_RL_ENV and os.environ.get(env_session.QUICK_EXIT_ENV) and _SESSION):
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(_SESSION[-1].exitstatus))
