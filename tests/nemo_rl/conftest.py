@@ -41,23 +41,20 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         env_session.SESSION.start()
 
 
+_FINISHED: list[pytest.Session] = []  # the session, once finished (its exit status read at unconfigure)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     env_session.SESSION.close()
-
-
-_SESSION: list[pytest.Session] = []
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    _SESSION.append(session)
+    _FINISHED.append(session)
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
     """The NeMo RL env's session (`env_session.QUICK_EXIT_ENV`) leaves here with pytest's exit status: its report is
     out, and the interpreter's teardown of Ray, torch and vLLM (which crashed it twice, env_session.py) is skipped."""
-    if not (IN_NEMO_RL_ENV and os.environ.get(env_session.QUICK_EXIT_ENV) and _SESSION):
+    if not (IN_NEMO_RL_ENV and os.environ.get(env_session.QUICK_EXIT_ENV) and _FINISHED):
         return
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(int(_SESSION[-1].exitstatus))
+    os._exit(int(_FINISHED[-1].exitstatus))
