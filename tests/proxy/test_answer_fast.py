@@ -328,6 +328,35 @@ def test_prompt_ids_of_every_length_pack_as_json_reads_them() -> None:
         assert cut is None or cut[2] is None, bad
 
 
+@needs_c
+def test_mutated_prompt_ids_agree_on_the_outcome(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prompt ids (packed by the C walk) with a byte replaced, inserted or removed (a digit, a sign, a dot, an
+    exponent, a byte outside ASCII, the array's end) or the answer cut inside them: the same result or the same
+    502 from the fast reader, the fallback and the full parse."""
+    rng = random.Random(23)
+    noise = [*MUTATIONS, b"9", b"1", b"/", b":", b"\x80", b"\xff", b"+", b"E"]
+    for seed in range(30):
+        ids = [rng.choice([0, 7, 42, 151_643, 9_999_999, 10_000_000, 2**31 - 1]) for _ in range(rng.randrange(1, 40))]
+        raw = orjson.loads(answer(2000 + seed, n=2))
+        raw["prompt_token_ids"] = ids
+        raw = orjson.dumps(raw)
+        start = raw.index(b'"prompt_token_ids":[') + len(b'"prompt_token_ids":[')
+        stop = raw.index(b"]", start)
+        for _ in range(30):
+            at = rng.randrange(start, stop + 1)
+            op = rng.randrange(4)
+            if op == 0:
+                bad = raw[:at] + rng.choice(noise) + raw[at + 1 :]
+            elif op == 1:
+                bad = raw[:at] + rng.choice(noise) + raw[at:]
+            elif op == 2:
+                bad = raw[:at] + raw[at + 1 :]
+            else:
+                bad = raw[:at]
+            fast, fallback, full = three(bad, monkeypatch)
+            assert fast == full == fallback, (seed, bad)
+
+
 def stream_outcome(block: bytes, pack: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
     with monkeypatch.context() as m:
         m.setattr(vllm_stream, "PACK_PROMPT_IDS", pack)
