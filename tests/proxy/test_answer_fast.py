@@ -173,6 +173,17 @@ def test_logprob_numbers_as_orjson_reads_them(monkeypatch: pytest.MonkeyPatch) -
         assert fast == full == fallback, nums
 
 
+def mutated(rng: random.Random, raw: bytes, at: int, noise: list[bytes]) -> bytes:
+    """`raw` with the byte at `at` replaced by one of `noise`, or one of them inserted there, or that byte removed, or
+    everything from `at` on cut off."""
+    op = rng.randrange(4)
+    if op == 0:
+        return raw[:at] + rng.choice(noise) + raw[at + 1 :]
+    if op == 1:
+        return raw[:at] + rng.choice(noise) + raw[at:]
+    return raw[:at] + raw[at + 1 :] if op == 2 else raw[:at]
+
+
 @needs_c
 def test_mutated_answers_agree_on_the_outcome(monkeypatch: pytest.MonkeyPatch) -> None:
     """One byte replaced, inserted or removed, or the answer cut short: the same result or the same 502."""
@@ -183,15 +194,7 @@ def test_mutated_answers_agree_on_the_outcome(monkeypatch: pytest.MonkeyPatch) -
         for _ in range(40):
             # mostly in and around the logprob entries, where the fast path reads byte by byte
             at = rng.randrange(cut, min(len(raw), cut + 600)) if rng.random() < 0.8 else rng.randrange(len(raw))
-            op = rng.randrange(4)
-            if op == 0:
-                bad = raw[:at] + rng.choice(MUTATIONS) + raw[at + 1 :]
-            elif op == 1:
-                bad = raw[:at] + rng.choice(MUTATIONS) + raw[at:]
-            elif op == 2:
-                bad = raw[:at] + raw[at + 1 :]
-            else:
-                bad = raw[:at]
+            bad = mutated(rng, raw, at, MUTATIONS)
             fast, fallback, full = three(bad, monkeypatch)
             assert fast == full == fallback, (seed, bad)
 
@@ -343,16 +346,7 @@ def test_mutated_prompt_ids_agree_on_the_outcome(monkeypatch: pytest.MonkeyPatch
         start = raw.index(b'"prompt_token_ids":[') + len(b'"prompt_token_ids":[')
         stop = raw.index(b"]", start)
         for _ in range(30):
-            at = rng.randrange(start, stop + 1)
-            op = rng.randrange(4)
-            if op == 0:
-                bad = raw[:at] + rng.choice(noise) + raw[at + 1 :]
-            elif op == 1:
-                bad = raw[:at] + rng.choice(noise) + raw[at:]
-            elif op == 2:
-                bad = raw[:at] + raw[at + 1 :]
-            else:
-                bad = raw[:at]
+            bad = mutated(rng, raw, rng.randrange(start, stop + 1), noise)
             fast, fallback, full = three(bad, monkeypatch)
             assert fast == full == fallback, (seed, bad)
 
