@@ -220,6 +220,9 @@ class AdminAPI:
                 "store_batches": p.store.batches,
                 "store_writes": p.store.writes,
                 "event_loop": loop_name(),
+                "http_server": p.config.http_server,
+                "front_calls": sum(f.served for f in p.fronts),  # harness calls the HTTP front served
+                "front_handed_over": sum(f.handed_over for f in p.fronts),  # connections it gave to aiohttp
             }
         )
 

@@ -14,6 +14,7 @@ serves until interrupted (`polar proxy`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -74,6 +75,9 @@ class Proxy:
 
     def __init__(self, config: ProxyConfig):
         self.config = config
+        if config.http_server not in ("lean", "aiohttp"):
+            raise ValueError(f"unknown http_server {config.http_server!r} (lean | aiohttp)")
+        self.fronts: list[Any] = []  # the HTTP fronts of this proxy's sites (`site`; the admin status counts)
         self.control_token = config.control_token or os.environ.get("POLAR_CONTROL_TOKEN") or secrets.token_urlsafe(24)
         self.store = RecordStore(
             config.store_dir,
@@ -138,6 +142,20 @@ class Proxy:
         aiohttp's handler cancellation, so a harness that hangs up mid-call (its own timeout, a killed session)
         stops the engine's work on the answer and leaves a `client_disconnected` failure record (`streaming.client_left`)."""
         return web.AppRunner(self.make_app(), access_log=None, **SERVER_OPTIONS)
+
+    def site(self, runner: web.AppRunner, host: str, port: int) -> web.TCPSite:
+        """The site that serves `runner` (set up) on host:port: the proxy's own HTTP front for harness calls
+        (`proxy/front.py`), or aiohttp's server for everything (`ProxyConfig.http_server`)."""
+        if self.config.http_server == "aiohttp":
+            return web.TCPSite(runner, host, port)
+        from nemo_polar.proxy.front import FrontSite
+
+        def handle(request: Any) -> Any:
+            return self._error_middleware(request, self._dialect_route)
+
+        site = FrontSite(runner, handle, self.config.max_body_bytes, host, port)
+        self.fronts.append(site.front)
+        return site
 
     # -- Python API ------------------------------------------------------------------------------------------------
 
@@ -432,7 +450,8 @@ async def _settle(app: web.Application) -> None:
 def run(
     config: ProxyConfig, *, host: str = "127.0.0.1", port: int = 8080, loop: asyncio.AbstractEventLoop | None = None
 ) -> None:
-    """Serve until interrupted (used by `polar proxy`), on `loop` (default: `proxy.tuning.serving_loop()`)."""
+    """Serve until interrupted (used by `polar proxy`), on `loop` (default: `proxy.tuning.serving_loop()`); SIGINT and
+    SIGTERM stop it as `web.run_app` would (in-flight calls get the runner's shutdown timeout)."""
     loop = loop or serving_loop()
     proxy = Proxy(config)
     if not proxy.base_url:
@@ -442,8 +461,30 @@ def run(
     )
     if not config.control_token and not os.environ.get("POLAR_CONTROL_TOKEN"):
         print(f"control token: {proxy.control_token}", flush=True)
+    asyncio.set_event_loop(loop)
+    main = loop.create_task(_serve(proxy, host, port))
+    try:
+        loop.run_until_complete(main)
+    except (web.GracefulExit, KeyboardInterrupt):
+        pass
+    finally:
+        if not main.done():
+            main.cancel()
+            with contextlib.suppress(asyncio.CancelledError, web.GracefulExit, KeyboardInterrupt):
+                loop.run_until_complete(
+                    main
+                )  # its `finally`: the runner's cleanup (sites, calls in flight, the store)
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+
+
+async def _serve(proxy: Proxy, host: str, port: int) -> None:
     app = proxy.make_app()
     app.on_startup.append(_settle)
-    web.run_app(
-        app, host=host, port=port, access_log=None, print=None, handle_signals=True, loop=loop, **SERVER_OPTIONS
-    )
+    runner = web.AppRunner(app, access_log=None, handle_signals=True, **SERVER_OPTIONS)
+    await runner.setup()
+    try:
+        await proxy.site(runner, host, port).start()
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()

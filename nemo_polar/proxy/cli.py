@@ -135,6 +135,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:  # type: ignore[ty
         "answer does; `never`: always with the first token (default: %(default)s)",
     )
     p.add_argument(
+        "--http-server",
+        choices=["lean", "aiohttp"],
+        default=_Defaults.http_server,
+        help="lean (default): harness calls are read and answered by the proxy's own HTTP/1.1 front (less CPU a "
+        "call; the admin API and anything unusual go to aiohttp); aiohttp: aiohttp's server for everything",
+    )
+    p.add_argument(
         "--event-loop",
         choices=["auto", "uvloop", "asyncio"],
         default=None,

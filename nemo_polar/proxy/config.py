@@ -69,3 +69,6 @@ class ProxyConfig:
     # the same deadline), whose JSON body follows with the answer. A failure after that is a dropped connection, not an
     # HTTP error. None: the headers always leave with the first event (the answer).
     stream_headers_after_s: float | None = 20.0
+    # Who reads harness calls off the socket: "lean", the proxy's own HTTP/1.1 front (proxy/front.py: less CPU a call;
+    # the admin API and anything unusual still go to aiohttp), or "aiohttp", aiohttp's server for everything.
+    http_server: str = "lean"

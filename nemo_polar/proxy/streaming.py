@@ -17,9 +17,9 @@ has been sent, the plan step is given back (`give_back`), so the client's retry 
 while admission is paused (a weight update) waits for it inside the reply (`admit`), under the same timer: a long pause
 sends the early headers too, and a wait past the proxy's `pause_wait_s` is then a dropped connection, not a 503.
 
-A client that hangs up: the proxy's server cancels the handler (`app.SERVER_OPTIONS`); before the first event the
-upstream call is closed and `client_left` gives the plan step back and writes a `client_disconnected` failure record;
-after it, the same failure record as a write that fails.
+A client that hangs up: the proxy's server cancels the handler (`front._Conn.connection_lost`, and aiohttp's with
+`app.SERVER_OPTIONS`); before the first event the upstream call is closed and `client_left` gives the plan step back
+and writes a `client_disconnected` failure record; after it, the same failure record as a write that fails.
 
 Google's plain `generateContent` (`reply_plain`): Gemini CLI's fetch has the same 60 s headers deadline for its
 non-streamed calls (the routing classifier, the next-speaker and loop checks), which queue behind other sessions'

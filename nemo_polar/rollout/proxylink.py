@@ -73,7 +73,7 @@ class HostedProxy:
     async def start(self) -> HostedProxy:
         self._runner = self.proxy.runner()  # with handler cancellation: a hung-up call stops
         await self._runner.setup()
-        site = web.TCPSite(self._runner, "127.0.0.1", self.port)
+        site = self.proxy.site(self._runner, "127.0.0.1", self.port)  # the proxy's HTTP front (proxy/front.py)
         await site.start()
         port = self._runner.addresses[0][1]
         self.base_url = f"http://127.0.0.1:{port}"

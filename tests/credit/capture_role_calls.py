@@ -79,7 +79,7 @@ class Stack:
         async def up() -> web.AppRunner:
             runner = self.proxy.runner()
             await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
+            site = self.proxy.site(runner, "127.0.0.1", 0)
             await site.start()
             self.proxy.base_url = f"http://127.0.0.1:{runner.addresses[0][1]}"
             return runner

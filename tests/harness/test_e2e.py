@@ -85,7 +85,7 @@ def _start_stack(kind: str, upstream_url: str, served_model: str, tmp: Path, bac
     async def up() -> tuple[web.AppRunner, CountingRelay]:
         runner = proxy.runner()
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        site = proxy.site(runner, "127.0.0.1", 0)
         await site.start()
         port = runner.addresses[0][1]
         proxy.base_url = f"http://127.0.0.1:{port}"

@@ -270,7 +270,6 @@ def test_launch_runs_entry_script_with_refit_hooks_and_patch(
 def polar_proxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """The real Polar proxy (`nemo_polar.proxy.app`) on loopback, in its own thread and event loop; its upstream is
     never contacted by the admin calls under test."""
-    from aiohttp import web
 
     from nemo_polar.proxy.app import Proxy, ProxyConfig
 
@@ -284,7 +283,7 @@ def polar_proxy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
         proxy = Proxy(ProxyConfig(upstreams=["http://127.0.0.1:9"], store_dir=str(tmp_path / "store")))
         runner = proxy.runner()
         loop.run_until_complete(runner.setup())
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        site = proxy.site(runner, "127.0.0.1", 0)
         loop.run_until_complete(site.start())
         state["port"] = runner.addresses[0][1]
         started.set()

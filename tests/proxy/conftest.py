@@ -135,7 +135,7 @@ def make_proxy(loop_thread: LoopThread, tmp_path: Any) -> Iterator[Any]:
         async def start() -> web.AppRunner:
             runner = proxy.runner()
             await runner.setup()
-            await web.TCPSite(runner, "127.0.0.1", 0).start()
+            await proxy.site(runner, "127.0.0.1", 0).start()
             return runner
 
         h = ProxyHandle(loop_thread, proxy, loop_thread.run(start()))

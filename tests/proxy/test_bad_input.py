@@ -129,8 +129,6 @@ def served(request):
 
     lt = LoopThread()
     tmp = request.getfixturevalue("tmp_path_factory").mktemp("badinput")
-    from aiohttp import web
-
     from nemo_polar.proxy.app import Proxy, ProxyConfig
     from polar_lab.fake_upstream import FakeUpstream
 
@@ -141,7 +139,7 @@ def served(request):
     async def start():
         runner = proxy.runner()
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        await proxy.site(runner, "127.0.0.1", 0).start()  # the HTTP front, as every proxy server runs
         return runner
 
     runner = lt.run(start())

@@ -1,9 +1,10 @@
 # SPDX-License-Identifier: Apache-2.0
 """A harness that hangs up mid-call (its own timeout, a session killed at its deadline).
 
-The proxy is served with aiohttp's handler cancellation (`Proxy.runner`, `SERVER_OPTIONS`): the call's handler is
-cancelled when its client hangs up, which closes the upstream call (vLLM then aborts the request and frees its
-engine slot; the FAKE upstream here counts such calls in `abandoned`), leaves a `client_disconnected` failure record
+The proxy's HTTP front (`Proxy.site`, proxy/front.py) cancels the call's handler when its client hangs up, as
+aiohttp's server does with handler cancellation (`Proxy.runner`, `SERVER_OPTIONS`); that closes the upstream call
+(vLLM then aborts the request and frees its engine slot; the FAKE upstream here counts such calls in `abandoned`),
+leaves a `client_disconnected` failure record
 (before this, a plain call ran to its end and was recorded as a completed answer nobody read), and gives the call's
 plan step back, so the harness's retry is served the same step. Each test's client gives up after 0.4-0.6 s on an
 upstream that answers after 4 s; the asserts wait at most 3 s for the abandonment, so they fail when the proxy only

@@ -57,7 +57,7 @@ def _serve(lt: LoopThread, tmp: Any, upstreams: list[str], **cfg: Any) -> ProxyH
     async def start() -> web.AppRunner:
         runner = proxy.runner()
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        await proxy.site(runner, "127.0.0.1", 0).start()
         return runner
 
     h = ProxyHandle(lt, proxy, lt.run(start()))

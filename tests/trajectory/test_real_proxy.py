@@ -54,7 +54,7 @@ def serve(lt: LoopThread, store: Any, upstream: str, **cfg: Any) -> ProxyHandle:
     async def start() -> web.AppRunner:
         runner = proxy.runner()
         await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", 0).start()
+        await proxy.site(runner, "127.0.0.1", 0).start()
         return runner
 
     return ProxyHandle(lt, proxy, lt.run(start()))

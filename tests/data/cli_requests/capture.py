@@ -343,7 +343,7 @@ class ProxySide:
         self.proxy = Proxy(ProxyConfig(upstreams=[self.fake.base_url], store_dir=str(self.store_dir)))
         self.runner = self.proxy.runner()
         await self.runner.setup()
-        await web.TCPSite(self.runner, "127.0.0.1", 0).start()
+        await self.proxy.site(self.runner, "127.0.0.1", 0).start()
         self.url = f"http://127.0.0.1:{self.runner.addresses[0][1]}"
         return self
 

@@ -1,0 +1,243 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The proxy's own HTTP/1.1 front (proxy/front.py): harness calls are served by it, everything else by aiohttp.
+
+Every other proxy test already goes through the front (`conftest.make_proxy` serves with `Proxy.site`); these tests
+hold what is particular to it, on raw sockets so the bytes on the wire are the test's: the split between the front
+and aiohttp (counted in the admin status), keep-alive and pipelined requests on one connection, a connection handed
+to aiohttp mid-life, the unusual requests aiohttp answers (each compared with a proxy on aiohttp's server alone:
+same status), `Connection: close`, an unexpected handler error, and idle connections closed.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from typing import Any
+
+import pytest
+
+from nemo_polar.proxy import front
+from tests.proxy.conftest import http_json
+
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def _chat(key: str, *, stream: bool = False, extra: str = "") -> bytes:
+    body = json.dumps({"model": "m", "messages": MSG, "stream": stream}).encode()
+    head = (
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
+    )
+    return head.encode() + body
+
+
+def _read_response(f: Any) -> tuple[int, dict[str, str], bytes]:
+    """One HTTP/1.1 response off a socket file: status, headers (lower-case names), body (chunks joined)."""
+    status_line = f.readline()
+    assert status_line.startswith(b"HTTP/1."), status_line
+    status = int(status_line.split()[1])
+    headers: dict[str, str] = {}
+    while (line := f.readline()) not in (b"\r\n", b""):
+        name, _, value = line.decode().partition(":")
+        headers[name.strip().lower()] = value.strip()
+    if status == 100:
+        return status, headers, b""
+    if headers.get("transfer-encoding") == "chunked":
+        body = b""
+        while size := int(f.readline().strip(), 16):
+            body += f.read(size)
+            f.readline()
+        f.readline()
+        return status, headers, body
+    return status, headers, f.read(int(headers.get("content-length", "0")))
+
+
+def _connect(port: int) -> tuple[socket.socket, Any]:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+    return sock, sock.makefile("rb")
+
+
+def _status(h: Any) -> dict[str, Any]:
+    code, body = h.admin("GET", "/admin/status")
+    assert code == 200
+    return body
+
+
+def test_harness_calls_are_the_fronts_and_the_rest_aiohttps(fake_upstream, make_proxy):
+    fake = fake_upstream()
+    lean = make_proxy([fake.base_url])
+    plain = make_proxy([fake.base_url], http_server="aiohttp")
+    answers = []
+    for h in (lean, plain):
+        s = h.session()
+        code, body = http_json(
+            "POST", h.base_url + "/v1/chat/completions", {"model": "m", "messages": MSG}, {"x-api-key": s.api_key}
+        )
+        assert code == 200, body
+        answers.append(body["choices"][0]["message"]["content"])
+        assert [r.error for r in h.records(s.session_id)] == [None]
+    assert answers[0] == answers[1]
+    st = _status(lean)
+    assert st["http_server"] == "lean" and st["front_calls"] == 1 and st["front_handed_over"] >= 1
+    st = _status(plain)
+    assert st["http_server"] == "aiohttp" and st["front_calls"] == 0 and st["front_handed_over"] == 0
+
+
+def test_keep_alive_pipelining_and_a_hand_over_on_one_connection(fake_upstream, make_proxy):
+    fake = fake_upstream()
+    h = make_proxy([fake.base_url])
+    s = h.session()
+    sock, f = _connect(h.port)
+    with sock:
+        sock.sendall(_chat(s.api_key) + _chat(s.api_key, stream=True))  # two calls in one write
+        first, second = _read_response(f), _read_response(f)
+        assert first[0] == 200 and json.loads(first[2])["choices"][0]["message"]["content"]
+        assert second[0] == 200 and second[1]["content-type"] == "text/event-stream"
+        assert second[2].rstrip().endswith(b"data: [DONE]")
+        sock.sendall(_chat(s.api_key))  # the connection stays open between calls
+        assert _read_response(f)[0] == 200
+        sock.sendall(b"GET /v1/models HTTP/1.1\r\nHost: x\r\nx-api-key: " + s.api_key.encode() + b"\r\n\r\n")
+        code, _, body = _read_response(f)  # aiohttp's from here on, on the same connection
+        assert code == 200 and json.loads(body)["data"]
+        sock.sendall(_chat(s.api_key))
+        assert _read_response(f)[0] == 200
+    assert len(h.records(s.session_id)) == 4
+    front_ = h.proxy.fronts[0]
+    assert front_.served == 3 and front_.handed_over >= 1
+
+
+UNUSUAL = {
+    "chunked body": lambda key, body: (
+        (
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {key}\r\nTransfer-Encoding: chunked\r\n\r\n{len(body):x}\r\n"
+        ).encode()
+        + body
+        + b"\r\n0\r\n\r\n"
+    ),
+    "expect 100-continue": lambda key, body: (
+        (
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {key}\r\nExpect: 100-continue\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        + body
+    ),
+    "body over the limit": lambda key, body: (
+        (
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {key}\r\nContent-Length: {4096 + 1}\r\n\r\n"
+        ).encode()
+        + b" " * 4097
+    ),
+    "header without a colon": lambda key, body: (
+        (
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nbroken header\r\n"
+            f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        + body
+    ),
+    "HTTP/1.0": lambda key, body: (
+        (
+            "POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
+        + body
+    ),
+    "no content length": lambda key, body: (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n"
+    ).encode(),
+    "admin route": lambda key, body: (
+        (f"POST /admin/pause HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(UNUSUAL))
+def test_unusual_requests_are_answered_as_aiohttp_answers_them(fake_upstream, make_proxy, case):
+    fake = fake_upstream()
+    codes = []
+    for server in ("lean", "aiohttp"):
+        h = make_proxy([fake.base_url], http_server=server, max_body_bytes=4096)
+        s = h.session()
+        raw = UNUSUAL[case](s.api_key, json.dumps({"model": "m", "messages": MSG}).encode())
+        sock, f = _connect(h.port)
+        with sock:
+            sock.sendall(raw)
+            code, headers, _ = _read_response(f)
+            if code == 100:
+                code, headers, _ = _read_response(f)
+        codes.append((code, headers.get("content-type", "").split(";")[0]))
+        if server == "lean":
+            assert h.proxy.fronts[0].served == 0 and h.proxy.fronts[0].handed_over == 1
+    assert codes[0] == codes[1], codes
+    if case == "body over the limit":
+        assert codes[0] == (413, "application/json")  # in the caller's provider shape
+
+
+def test_connection_close_is_honoured(fake_upstream, make_proxy):
+    fake = fake_upstream()
+    h = make_proxy([fake.base_url])
+    s = h.session()
+    sock, f = _connect(h.port)
+    with sock:
+        sock.sendall(_chat(s.api_key, extra="Connection: close\r\n"))
+        code, headers, _ = _read_response(f)
+        assert code == 200 and headers.get("connection") == "close"
+        assert f.read() == b""  # closed by the proxy
+
+
+def test_an_unexpected_handler_error_is_a_500_then_a_closed_connection(fake_upstream, make_proxy):
+    fake = fake_upstream()
+    h = make_proxy([fake.base_url])
+    s = h.session()
+
+    async def broken(request: Any) -> Any:
+        raise RuntimeError("a bug")
+
+    h.proxy._dialect_route = broken  # type: ignore[method-assign]
+    sock, f = _connect(h.port)
+    with sock:
+        sock.sendall(_chat(s.api_key))
+        code, _, body = _read_response(f)
+        assert code == 500 and b"Internal Server Error" in body
+        assert f.read() == b""
+
+
+def test_an_idle_connection_is_closed(fake_upstream, make_proxy, monkeypatch):
+    monkeypatch.setattr(front, "KEEPALIVE_S", 0.2)
+    fake = fake_upstream()
+    h = make_proxy([fake.base_url])
+    s = h.session()
+    sock, f = _connect(h.port)
+    with sock:
+        sock.sendall(_chat(s.api_key))
+        assert _read_response(f)[0] == 200
+        sock.settimeout(5)
+        assert f.read() == b""  # closed after KEEPALIVE_S without a request
+
+
+def test_parse_head_takes_only_what_it_is_sure_of():
+    ok = b"POST /s/k/v1/messages?beta=true HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\nConnection: keep-alive"
+    assert front.parse_head(ok) == (
+        "/s/k/v1/messages?beta=true",
+        [("Host", "x"), ("Content-Length", "7"), ("Connection", "keep-alive")],
+        7,
+        False,
+    )
+    for bad in (
+        b"GET / HTTP/1.1\r\nHost: x",
+        b"POST /v1/messages HTTP/1.1\r\nHost: x",  # no Content-Length
+        b"POST /v1/messages HTTP/1.1\r\nContent-Length: 7\r\nContent-Length: 7",
+        b"POST /v1/messages HTTP/1.1\r\nContent-Length: -7",
+        b"POST /v1/messages HTTP/1.1\r\nContent-Length: 7\r\nConnection: upgrade",
+        b"POST /v1/messages HTTP/1.1\r\nContent-Length: 7\r\n folded: line",
+        b"POST /v1/messages HTTP/1.1\r\nContent-Length: 7\r\nX: a\x00b",
+        b"POST /v1/messages HTTP/1.1\r\nContent-Length: 7\r\nX: a\nb",
+        b"POST v1/messages HTTP/1.1\r\nContent-Length: 7",
+        b"POST /v1/messages  HTTP/1.1\r\nContent-Length: 7",
+    ):
+        assert front.parse_head(bad) is None, bad
+    assert front.parse_head(b"POST / HTTP/1.1\r\nContent-Length: 0\r\nConnection: Close")[3] is True
+    assert front.served_here("/v1/chat/completions") and front.served_here("/s/key/v1/messages?x=1")
+    assert not front.served_here("/admin/pause") and not front.served_here("/sessions")
+    assert not front.served_here("/v1/nothing")
