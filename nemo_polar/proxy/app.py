@@ -151,6 +151,8 @@ class Proxy:
         from nemo_polar.proxy.front import FrontSite
 
         def handle(request: Any) -> Any:
+            if request.method != "POST":  # GET or HEAD / (front.served_here)
+                return self._head(request)
             return self._error_middleware(request, self._dialect_route)
 
         site = FrontSite(runner, handle, self.config.max_body_bytes, host, port)

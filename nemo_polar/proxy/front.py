@@ -9,8 +9,10 @@ HTTP front"). `upstream_http` made the same cut on the client side.
 What it serves, and what it leaves to aiohttp: a connection starts here. A request this front is sure of (`POST`,
 `HTTP/1.1`, a well-formed head under `MAX_HEAD` bytes, a body framed by one `Content-Length` within the proxy's
 `max_body_bytes`, no `Transfer-Encoding`, `Expect` or `Upgrade`, and a path the dialect registry serves, not an admin
-or session route) is read here and handed to the proxy's own handler chain (`Proxy._error_middleware` around
-`Proxy._dialect_route`), with a `FrontRequest` in place of aiohttp's request; the handler's aiohttp response objects
+or session route; or `GET` / `HEAD /` without a body, a CLI's check that the server is up, which Claude Code sends
+before its calls on the same connection) is read here and handed to the proxy's own handler chain
+(`Proxy._error_middleware` around `Proxy._dialect_route`, or `Proxy._head`), with a `FrontRequest` in place of
+aiohttp's request; the handler's aiohttp response objects
 (`web.Response`, `web.StreamResponse`) write through `_Writer`, so the reply's status line, headers and chunking are
 aiohttp's own. Anything else (the admin API, `GET /v1/models`, a chunked upload, `Expect: 100-continue`, a malformed
 or oversized request) hands the connection over to aiohttp's server, bytes already read included, for the rest of
@@ -52,17 +54,18 @@ _TARGET = re.compile(rb"/[\x21-\x7e]*")
 _FIELDS = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*\r\n)*")  # RFC 9110 tokens
 _NO_QUERY: MultiDictProxy[str] = MultiDictProxy(MultiDict())
 _HANDED_OVER = (b"transfer-encoding", b"expect", b"upgrade")
+_METHODS = (b"POST", b"GET", b"HEAD")
 _AIOHTTP_ROUTES = ("/sessions", "/admin")  # POST routes of the admin API (`admin.AdminAPI.add_routes`)
 
 Handler = Callable[[Any], Awaitable[web.StreamResponse]]
 
 
-def parse_head(head: bytes) -> tuple[str, list[tuple[str, str]], int, bool] | None:
-    """(target, header pairs, content length, `Connection: close`) of a request this front serves; None: aiohttp's
-    (module docstring). `head` is the bytes before the blank line."""
+def parse_head(head: bytes) -> tuple[str, str, list[tuple[str, str]], int, bool] | None:
+    """(method, target, header pairs, content length, `Connection: close`) of a request this front serves; None:
+    aiohttp's (module docstring). `head` is the bytes before the blank line."""
     line, _, fields = head.partition(b"\r\n")
     parts = line.split(b" ")
-    if len(parts) != 3 or parts[0] != b"POST" or parts[2] != b"HTTP/1.1" or not _TARGET.fullmatch(parts[1]):
+    if len(parts) != 3 or parts[0] not in _METHODS or parts[2] != b"HTTP/1.1" or not _TARGET.fullmatch(parts[1]):
         return None
     if fields and not _FIELDS.fullmatch(fields + b"\r\n"):  # every line `token: value`, no control bytes
         return None
@@ -85,14 +88,19 @@ def parse_head(head: bytes) -> tuple[str, list[tuple[str, str]], int, bool] | No
                 return None
             close = close or b"close" in tokens
         pairs.append((name.decode("ascii"), value.decode("utf-8", "surrogateescape")))
+    if parts[0] != b"POST":  # GET or HEAD: no body
+        return (parts[0].decode(), parts[1].decode("ascii"), pairs, 0, close) if length <= 0 else None
     if length < 0:
         return None
-    return parts[1].decode("ascii"), pairs, length, close
+    return "POST", parts[1].decode("ascii"), pairs, length, close
 
 
-def served_here(target: str) -> bool:
-    """Whether `target` (path and query) is a harness call of the dialect registry, not an aiohttp route."""
+def served_here(method: str, target: str) -> bool:
+    """Whether `target` (path and query) is a harness call of the dialect registry, or `GET` / `HEAD /` (a CLI's
+    check that the server is up: Claude Code's first request), not an aiohttp route."""
     path = target.partition("?")[0]
+    if method != "POST":
+        return path == "/"
     if path.startswith(_AIOHTTP_ROUTES):
         return False
     return dialects.resolve("POST", dialects.split_key_prefix(path)[1]) is not None
@@ -102,10 +110,10 @@ class FrontRequest:
     """What the proxy's handlers and aiohttp's response objects read of a request (`web.Request`'s names)."""
 
     version = HttpVersion11
-    method = "POST"
 
-    def __init__(self, conn: _Conn, target: str, pairs: list[tuple[str, str]], body: bytes, close: bool):
+    def __init__(self, conn: _Conn, method: str, target: str, pairs: list[tuple[str, str]], body: bytes, close: bool):
         self._conn = conn
+        self.method = method
         self.raw_path = target
         self._pairs = pairs
         self._body = body
@@ -228,7 +236,7 @@ class _Conn(asyncio.Protocol):
         self.front = front
         self.transport: asyncio.Transport | None = None
         self.buf = bytearray()
-        self.head: tuple[str, list[tuple[str, str]], int, bool, int] | None = None  # the request being read
+        self.head: tuple[str, str, list[tuple[str, str]], int, bool, int] | None = None  # the request being read
         self.task: asyncio.Task[None] | None = None
         self.paused = False  # the transport asked us to stop writing
         self.reading = True
@@ -284,18 +292,18 @@ class _Conn(asyncio.Protocol):
                     self._hand_over()
                 return
             parsed = parse_head(bytes(buf[:end]))
-            if parsed is None or parsed[2] > self.front.max_body or not served_here(parsed[0]):
+            if parsed is None or parsed[3] > self.front.max_body or not served_here(parsed[0], parsed[1]):
                 self._hand_over()
                 return
             self.head = (*parsed, end + 4)
-        target, pairs, length, close, start = self.head
+        method, target, pairs, length, close, start = self.head
         if len(buf) < start + length:
             return
         body = bytes(buf[start : start + length])
         del buf[: start + length]
         self.head = None
         self._disarm_idle()
-        req = FrontRequest(self, target, pairs, body, close)
+        req = FrontRequest(self, method, target, pairs, body, close)
         self.front.served += 1
         self.task = asyncio.get_running_loop().create_task(self._serve(req))
 

@@ -106,6 +106,22 @@ def test_keep_alive_pipelining_and_a_hand_over_on_one_connection(fake_upstream, 
     assert front_.served == 3 and front_.handed_over >= 1
 
 
+def test_claude_codes_head_then_calls_stay_on_the_front(fake_upstream, make_proxy):
+    """Claude Code checks the server with `HEAD /` before its calls, on the same keep-alive connection
+    (tests/data/cli_requests/claude_code.json): the front answers it, so the calls after it are the front's too."""
+    fake = fake_upstream()
+    h = make_proxy([fake.base_url])
+    s = h.session()
+    sock, f = _connect(h.port)
+    with sock:
+        sock.sendall(b"HEAD / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
+        code, headers, _ = _read_response(f)
+        assert code == 200 and headers.get("transfer-encoding") is None  # no body, as aiohttp answers it
+        sock.sendall(_chat(s.api_key, stream=True))
+        assert _read_response(f)[0] == 200
+    assert h.proxy.fronts[0].served == 2 and h.proxy.fronts[0].handed_over == 0
+
+
 UNUSUAL = {
     "chunked body": lambda key, body: (
         (
@@ -219,13 +235,15 @@ def test_an_idle_connection_is_closed(fake_upstream, make_proxy, monkeypatch):
 def test_parse_head_takes_only_what_it_is_sure_of():
     ok = b"POST /s/k/v1/messages?beta=true HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\nConnection: keep-alive"
     assert front.parse_head(ok) == (
+        "POST",
         "/s/k/v1/messages?beta=true",
         [("Host", "x"), ("Content-Length", "7"), ("Connection", "keep-alive")],
         7,
         False,
     )
     for bad in (
-        b"GET / HTTP/1.1\r\nHost: x",
+        b"PUT / HTTP/1.1\r\nHost: x",
+        b"GET / HTTP/1.1\r\nContent-Length: 3",  # a GET with a body: aiohttp's
         b"POST /v1/messages HTTP/1.1\r\nHost: x",  # no Content-Length
         b"POST /v1/messages HTTP/1.1\r\nContent-Length: 7\r\nContent-Length: 7",
         b"POST /v1/messages HTTP/1.1\r\nContent-Length: -7",
@@ -237,7 +255,9 @@ def test_parse_head_takes_only_what_it_is_sure_of():
         b"POST /v1/messages  HTTP/1.1\r\nContent-Length: 7",
     ):
         assert front.parse_head(bad) is None, bad
-    assert front.parse_head(b"POST / HTTP/1.1\r\nContent-Length: 0\r\nConnection: Close")[3] is True
-    assert front.served_here("/v1/chat/completions") and front.served_here("/s/key/v1/messages?x=1")
-    assert not front.served_here("/admin/pause") and not front.served_here("/sessions")
-    assert not front.served_here("/v1/nothing")
+    assert front.parse_head(b"POST / HTTP/1.1\r\nContent-Length: 0\r\nConnection: Close")[4] is True
+    assert front.parse_head(b"HEAD / HTTP/1.1\r\nHost: x") == ("HEAD", "/", [("Host", "x")], 0, False)
+    assert front.served_here("POST", "/v1/chat/completions") and front.served_here("POST", "/s/key/v1/messages?x=1")
+    assert not front.served_here("POST", "/admin/pause") and not front.served_here("POST", "/sessions")
+    assert not front.served_here("POST", "/v1/nothing") and not front.served_here("GET", "/v1/models")
+    assert front.served_here("HEAD", "/") and front.served_here("GET", "/")
