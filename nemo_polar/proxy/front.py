@@ -270,6 +270,8 @@ class _Conn(asyncio.Protocol):
         self._wake(None)
 
     def data_received(self, data: bytes) -> None:
+        if self._idle is not None:  # a request is coming: no time limit on reading it, as in aiohttp's server
+            self._disarm_idle()
         self.buf += data
         if self.task is None:
             self._next()

@@ -261,3 +261,38 @@ def test_parse_head_takes_only_what_it_is_sure_of():
     assert not front.served_here("POST", "/admin/pause") and not front.served_here("POST", "/sessions")
     assert not front.served_here("POST", "/v1/nothing") and not front.served_here("GET", "/v1/models")
     assert front.served_here("HEAD", "/") and front.served_here("GET", "/")
+
+
+def test_polar_proxy_stops_cleanly_on_sigterm(tmp_path):
+    """`polar proxy` serves through the front with its own serving loop (`app.run`): SIGTERM stops it with exit code
+    0 and the store closed (its WAL checkpointed away), as `web.run_app` did."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    from nemo_polar.backend.server import free_port
+
+    port = free_port()
+    store = tmp_path / "store"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nemo_polar.proxy.cli", "--upstream", "http://127.0.0.1:9", "--store", str(store)]
+        + ["--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/", method="HEAD")):
+                    break
+            except OSError:
+                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-2000:]
+                time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0, proc.stderr.read().decode()[-2000:]
+    finally:
+        proc.kill()
+    assert (store / "records.sqlite").exists() and not (store / "records.sqlite-wal").exists()
