@@ -276,7 +276,16 @@ def test_polar_proxy_stops_cleanly_on_sigterm(tmp_path):
 
     port = free_port()
     store = tmp_path / "store"
-    argv = ["-m", "nemo_polar.proxy.cli", "--port", str(port), "--store", str(store), "--upstream", "http://127.0.0.1:9"]
+    argv = [
+        "-m",
+        "nemo_polar.proxy.cli",
+        "--port",
+        str(port),
+        "--store",
+        str(store),
+        "--upstream",
+        "http://127.0.0.1:9",
+    ]
     proc = subprocess.Popen(
         [sys.executable, *argv],
         stdout=subprocess.DEVNULL,
