@@ -112,12 +112,8 @@ class FrontRequest:
     version = HttpVersion11
 
     def __init__(self, conn: _Conn, method: str, target: str, pairs: list[tuple[str, str]], body: bytes, close: bool):
-        self._conn = conn
-        self.method = method
-        self.raw_path = target
-        self._pairs = pairs
-        self._body = body
-        self._close = close
+        self._conn, self.method, self.raw_path = conn, method, target
+        self._pairs, self._body, self._close = pairs, body, close
         self._url: URL | None = None
         self._headers: CIMultiDictProxy[str] | None = None
         self._payload_writer = _Writer(conn)

@@ -57,6 +57,13 @@ def _connect(port: int) -> tuple[socket.socket, Any]:
     return sock, sock.makefile("rb")
 
 
+def _served(fake_upstream: Any, make_proxy: Any) -> tuple[Any, Any, socket.socket, Any]:
+    """A proxy on the front in front of a FAKE upstream, a session, and a raw connection to it."""
+    h = make_proxy([fake_upstream().base_url])
+    s = h.session()
+    return (h, s, *_connect(h.port))
+
+
 def _status(h: Any) -> dict[str, Any]:
     code, body = h.admin("GET", "/admin/status")
     assert code == 200
@@ -84,10 +91,7 @@ def test_harness_calls_are_the_fronts_and_the_rest_aiohttps(fake_upstream, make_
 
 
 def test_keep_alive_pipelining_and_a_hand_over_on_one_connection(fake_upstream, make_proxy):
-    fake = fake_upstream()
-    h = make_proxy([fake.base_url])
-    s = h.session()
-    sock, f = _connect(h.port)
+    h, s, sock, f = _served(fake_upstream, make_proxy)
     with sock:
         sock.sendall(_chat(s.api_key) + _chat(s.api_key, stream=True))  # two calls in one write
         first, second = _read_response(f), _read_response(f)
@@ -109,10 +113,7 @@ def test_keep_alive_pipelining_and_a_hand_over_on_one_connection(fake_upstream, 
 def test_claude_codes_head_then_calls_stay_on_the_front(fake_upstream, make_proxy):
     """Claude Code checks the server with `HEAD /` before its calls, on the same keep-alive connection
     (tests/data/cli_requests/claude_code.json): the front answers it, so the calls after it are the front's too."""
-    fake = fake_upstream()
-    h = make_proxy([fake.base_url])
-    s = h.session()
-    sock, f = _connect(h.port)
+    h, s, sock, f = _served(fake_upstream, make_proxy)
     with sock:
         sock.sendall(b"HEAD / HTTP/1.1\r\nHost: x\r\nConnection: keep-alive\r\n\r\n")
         code, headers, _ = _read_response(f)
@@ -122,49 +123,32 @@ def test_claude_codes_head_then_calls_stay_on_the_front(fake_upstream, make_prox
     assert h.proxy.fronts[0].served == 2 and h.proxy.fronts[0].handed_over == 0
 
 
+def _raw(fields: str, body: bytes, line: str = "POST /v1/chat/completions HTTP/1.1") -> bytes:
+    return f"{line}\r\nHost: x\r\n{fields}\r\n".encode() + body
+
+
+# each: (header lines but Host, given the session key and the JSON body) -> the bytes of one request
 UNUSUAL = {
-    "chunked body": lambda key, body: (
-        (
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {key}\r\nTransfer-Encoding: chunked\r\n\r\n{len(body):x}\r\n"
-        ).encode()
-        + body
-        + b"\r\n0\r\n\r\n"
+    "chunked body": lambda key, body: _raw(
+        f"Authorization: Bearer {key}\r\nTransfer-Encoding: chunked\r\n",
+        b"%x\r\n%s\r\n0\r\n\r\n" % (len(body), body),
     ),
-    "expect 100-continue": lambda key, body: (
-        (
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {key}\r\nExpect: 100-continue\r\nContent-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        + body
+    "expect 100-continue": lambda key, body: _raw(
+        f"Authorization: Bearer {key}\r\nExpect: 100-continue\r\nContent-Length: {len(body)}\r\n", body
     ),
-    "body over the limit": lambda key, body: (
-        (
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {key}\r\nContent-Length: {4096 + 1}\r\n\r\n"
-        ).encode()
-        + b" " * 4097
+    "body over the limit": lambda key, body: _raw(
+        f"Authorization: Bearer {key}\r\nContent-Length: 4097\r\n", b" " * 4097
     ),
-    "header without a colon": lambda key, body: (
-        (
-            "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nbroken header\r\n"
-            f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        + body
+    "header without a colon": lambda key, body: _raw(
+        f"broken header\r\nAuthorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n", body
     ),
-    "HTTP/1.0": lambda key, body: (
-        (
-            "POST /v1/chat/completions HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n\r\n"
-        ).encode()
-        + body
+    "HTTP/1.0": lambda key, body: _raw(
+        f"Authorization: Bearer {key}\r\nContent-Length: {len(body)}\r\n",
+        body,
+        "POST /v1/chat/completions HTTP/1.0",
     ),
-    "no content length": lambda key, body: (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key}\r\n\r\n"
-    ).encode(),
-    "admin route": lambda key, body: (
-        (f"POST /admin/pause HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
-    ),
+    "no content length": lambda key, body: _raw(f"Authorization: Bearer {key}\r\n", b""),
+    "admin route": lambda key, body: _raw(f"Content-Length: {len(body)}\r\n", body, "POST /admin/pause HTTP/1.1"),
 }
 
 
@@ -191,10 +175,7 @@ def test_unusual_requests_are_answered_as_aiohttp_answers_them(fake_upstream, ma
 
 
 def test_connection_close_is_honoured(fake_upstream, make_proxy):
-    fake = fake_upstream()
-    h = make_proxy([fake.base_url])
-    s = h.session()
-    sock, f = _connect(h.port)
+    _, s, sock, f = _served(fake_upstream, make_proxy)
     with sock:
         sock.sendall(_chat(s.api_key, extra="Connection: close\r\n"))
         code, headers, _ = _read_response(f)
@@ -203,15 +184,11 @@ def test_connection_close_is_honoured(fake_upstream, make_proxy):
 
 
 def test_an_unexpected_handler_error_is_a_500_then_a_closed_connection(fake_upstream, make_proxy):
-    fake = fake_upstream()
-    h = make_proxy([fake.base_url])
-    s = h.session()
-
     async def broken(request: Any) -> Any:
         raise RuntimeError("a bug")
 
+    h, s, sock, f = _served(fake_upstream, make_proxy)
     h.proxy._dialect_route = broken  # type: ignore[method-assign]
-    sock, f = _connect(h.port)
     with sock:
         sock.sendall(_chat(s.api_key))
         code, _, body = _read_response(f)
@@ -221,10 +198,7 @@ def test_an_unexpected_handler_error_is_a_500_then_a_closed_connection(fake_upst
 
 def test_an_idle_connection_is_closed(fake_upstream, make_proxy, monkeypatch):
     monkeypatch.setattr(front, "KEEPALIVE_S", 0.2)
-    fake = fake_upstream()
-    h = make_proxy([fake.base_url])
-    s = h.session()
-    sock, f = _connect(h.port)
+    _, s, sock, f = _served(fake_upstream, make_proxy)
     with sock:
         sock.sendall(_chat(s.api_key))
         assert _read_response(f)[0] == 200
