@@ -78,6 +78,11 @@ async def _run_stack(
                 await asyncio.sleep(0.1)
             for r in results if prompts is not None else ():
                 prompts[r.session_id] = json.dumps([rec.request for rec in await proxy.records(r.session_id)])
+            # every model call of the CLI reached the proxy's HTTP front (proxy/front.py), none a connection handed
+            # to aiohttp's server: a CLI whose request heads the front did not take would show here
+            calls = sum(len(r.record_ids) for r in results)
+            (front,) = proxy.proxy.fronts
+            assert front.served >= calls and front.handed_over == 0, (front.served, front.handed_over, calls)
             return results
     finally:
         await gw.close()
