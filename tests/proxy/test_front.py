@@ -237,9 +237,10 @@ def test_parse_head_takes_only_what_it_is_sure_of():
     assert front.served_here("HEAD", "/") and front.served_here("GET", "/")
 
 
-def test_polar_proxy_stops_cleanly_on_sigterm(tmp_path):
-    """`polar proxy` serves through the front with its own serving loop (`app.run`): SIGTERM stops it with exit code
-    0 and the store closed (its WAL checkpointed away), as `web.run_app` did."""
+def test_polar_proxy_on_its_serving_loop_hands_over_and_stops_cleanly_on_sigterm(tmp_path):
+    """`polar proxy` serves through the front with its own serving loop (`app.run`, uvloop where installed): a call
+    is the front's and an admin request on the same connection aiohttp's (the transport's protocol switched on that
+    loop); SIGTERM stops it with exit code 0 and the store closed (its WAL checkpointed away), as `web.run_app` did."""
     import signal
     import subprocess
     import sys
@@ -274,6 +275,13 @@ def test_polar_proxy_stops_cleanly_on_sigterm(tmp_path):
             except OSError:
                 assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-2000:]
                 time.sleep(0.05)
+        sock, f = _connect(port)
+        with sock:
+            sock.sendall(_chat("no-such-key"))
+            code, headers, _ = _read_response(f)  # the front: a 401 in the caller's shape
+            assert (code, headers["content-type"].split(";")[0]) == (401, "application/json")
+            sock.sendall(b"GET /admin/status HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert _read_response(f)[0] == 401  # aiohttp's: the admin API without the control token
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0, proc.stderr.read().decode()[-2000:]
     finally:
