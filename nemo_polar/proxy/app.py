@@ -22,7 +22,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from aiohttp import web
@@ -38,6 +38,9 @@ from nemo_polar.proxy.store import RecordStore, StoreWriteError
 from nemo_polar.proxy.streaming import client_left, reply_plain, reply_stream
 from nemo_polar.proxy.tuning import serving_loop, tune_serving_process
 from nemo_polar.types import CallKind, CompletionRecord
+
+if TYPE_CHECKING:
+    from nemo_polar.proxy.front import Front
 
 __all__ = ["Proxy", "ProxyConfig", "run"]
 
@@ -77,7 +80,7 @@ class Proxy:
         self.config = config
         if config.http_server not in ("lean", "aiohttp"):
             raise ValueError(f"unknown http_server {config.http_server!r} (lean | aiohttp)")
-        self.fronts: list[Any] = []  # the HTTP fronts of this proxy's sites (`site`; the admin status counts)
+        self.fronts: list[Front] = []  # the HTTP fronts of this proxy's sites (`site`; the admin status counts)
         self.control_token = config.control_token or os.environ.get("POLAR_CONTROL_TOKEN") or secrets.token_urlsafe(24)
         self.store = RecordStore(
             config.store_dir,
@@ -472,10 +475,9 @@ def run(
     finally:
         if not main.done():
             main.cancel()
+            # its `finally` runs the runner's cleanup: the sites, the calls in flight, the store
             with contextlib.suppress(asyncio.CancelledError, web.GracefulExit, KeyboardInterrupt):
-                loop.run_until_complete(
-                    main
-                )  # its `finally`: the runner's cleanup (sites, calls in flight, the store)
+                loop.run_until_complete(main)
         loop.run_until_complete(loop.shutdown_asyncgens())
         loop.close()
 

@@ -55,7 +55,6 @@ _FIELDS = re.compile(rb"(?:[!#$%&'*+\-.^_`|~0-9A-Za-z]+:[\t\x20-\x7e\x80-\xff]*\
 _NO_QUERY: MultiDictProxy[str] = MultiDictProxy(MultiDict())
 _HANDED_OVER = (b"transfer-encoding", b"expect", b"upgrade")
 _METHODS = (b"POST", b"GET", b"HEAD")
-_AIOHTTP_ROUTES = ("/sessions", "/admin")  # POST routes of the admin API (`admin.AdminAPI.add_routes`)
 
 Handler = Callable[[Any], Awaitable[web.StreamResponse]]
 
@@ -97,12 +96,11 @@ def parse_head(head: bytes) -> tuple[str, str, list[tuple[str, str]], int, bool]
 
 def served_here(method: str, target: str) -> bool:
     """Whether `target` (path and query) is a harness call of the dialect registry, or `GET` / `HEAD /` (a CLI's
-    check that the server is up: Claude Code's first request), not an aiohttp route."""
+    check that the server is up: Claude Code's first request). No other route of the proxy's app is a dialect path
+    (`tests/proxy/test_front.py` holds it), so the admin API and `/v1/models` stay aiohttp's."""
     path = target.partition("?")[0]
     if method != "POST":
         return path == "/"
-    if path.startswith(_AIOHTTP_ROUTES):
-        return False
     return dialects.resolve("POST", dialects.split_key_prefix(path)[1]) is not None
 
 

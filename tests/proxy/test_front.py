@@ -206,6 +206,21 @@ def test_an_idle_connection_is_closed(fake_upstream, make_proxy, monkeypatch):
         assert f.read() == b""  # closed after KEEPALIVE_S without a request
 
 
+def test_no_route_of_the_proxy_app_is_a_dialect_path(tmp_path):
+    """What keeps the admin API and `/v1/models` aiohttp's: none of the app's own routes (every route but the
+    dialects' catch-all, its placeholders filled) is a path the dialect registry serves."""
+    import re
+
+    from nemo_polar.proxy import dialects
+    from nemo_polar.proxy.app import Proxy, ProxyConfig
+
+    app = Proxy(ProxyConfig(upstreams=["http://127.0.0.1:9"], store_dir=str(tmp_path))).make_app()
+    paths = {re.sub(r"\{[^}]*\}", "x", r.resource.canonical) for r in app.router.routes() if r.method != "*"}
+    assert {"/sessions", "/admin/pause", "/v1/models"} <= paths
+    for path in paths:
+        assert dialects.resolve("POST", dialects.split_key_prefix(path)[1]) is None, path
+
+
 def test_parse_head_takes_only_what_it_is_sure_of():
     ok = b"POST /s/k/v1/messages?beta=true HTTP/1.1\r\nHost: x\r\nContent-Length: 7\r\nConnection: keep-alive"
     assert front.parse_head(ok) == (
