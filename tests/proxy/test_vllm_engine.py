@@ -162,7 +162,8 @@ def test_sticky_routing_and_failover_through_a_loopback_relay(vllm_qwen3, lt, tm
     relay_runner, relayed = lt.run(start_relay())
     relay_url = f"http://127.0.0.1:{relay_runner.addresses[0][1]}"
     h = _serve(lt, tmp_path, [relay_url, vllm_qwen3.base_url], served_model=vllm_qwen3.model)
-    sessions = [h.session(sampling={"max_tokens": 4}) for _ in range(6)]
+    # fixed ids whose homes (crc32 of the id, mod 2) are both endpoints; random ids all landed on one 1 time in 32
+    sessions = [h.session(session_id=f"sticky-{i}", sampling={"max_tokens": 4}) for i in range(6)]
     for s in sessions:
         c = openai.OpenAI(base_url=h.base_url + "/v1", api_key=s.api_key, max_retries=0)
         for _ in range(2):
