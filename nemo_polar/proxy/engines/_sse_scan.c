@@ -186,10 +186,12 @@ logprob_entry(Scan *c, Span *first)
     return LIT(c, "}");
 }
 
-/* `(?:,"logprobs":(?:null|\{"content":\[(_LP1(?:,_LP)*+)?+\]\}))?+`; g[0]: entries, g[1]: first logprob */
+/* `(?:,"logprobs":(?:null|\{"content":\[(_LP1(?:,_LP)*+)?+\]\}))?+`; g[0]: entries, g[1]: first logprob; `*n`: how
+ * many entries (0 when the group did not take part) */
 static void
-logprobs(Scan *c, Span g[2])
+logprobs(Scan *c, Span g[2], int *n)
 {
+    *n = 0;
     Py_ssize_t save = c->i;
     if (!LIT(c, ",\"logprobs\":") || LIT(c, "null")) {
         return;
@@ -198,12 +200,14 @@ logprobs(Scan *c, Span g[2])
     if (ok) {
         Py_ssize_t a = c->i;
         if (logprob_entry(c, &g[1])) {
+            *n = 1;
             for (;;) {
                 Py_ssize_t next = c->i;
                 if (!(LIT(c, ",") && logprob_entry(c, NULL))) {
                     c->i = next;
                     break;
                 }
+                ++*n;
             }
             g[0].a = a;
             g[0].b = c->i;
@@ -217,12 +221,14 @@ logprobs(Scan *c, Span g[2])
     if (!ok) {
         c->i = save;
         g[0] = g[1] = NONE;
+        *n = 0;
     }
 }
 
-/* `_TOKEN_CHUNK`; `*kind`: an index into kind_names; g: text, logprob entries, first logprob, finish, ids */
+/* `_TOKEN_CHUNK`; `*kind`: an index into kind_names; g: text, logprob entries, first logprob, finish, ids;
+ * `*entries`: how many logprob entries */
 static int
-token_chunk(Scan *c, int *kind, Span g[5])
+token_chunk(Scan *c, int *kind, Span g[5], int *entries)
 {
     if (!LIT(c, "{\"id\":") || !str(c, NULL) ||
         !LIT(c, ",\"object\":\"chat.completion.chunk\",\"created\":") || !digits(c) || !LIT(c, ",\"model\":") ||
@@ -249,7 +255,7 @@ token_chunk(Scan *c, int *kind, Span g[5])
     if (!str(c, &g[0]) || !LIT(c, "}")) {
         return 0;
     }
-    logprobs(c, &g[1]);
+    logprobs(c, &g[1], entries);
 
     Py_ssize_t save = c->i; /* (?:,"finish_reason":(?:null|"([a-z_]*+)"))?+ */
     if (LIT(c, ",\"finish_reason\":") && !LIT(c, "null") && !finish_name(c, &g[3])) {
@@ -307,6 +313,7 @@ slice(const char *s, Span span)
 /* One `data:` line: what `_LINE` makes of it */
 typedef struct {
     int kind;          /* an index into kind_names; < 0: not a token chunk (g[7] is the rest of the line) */
+    int entries;       /* a token chunk's logprob entries */
     Span g[NGROUPS];   /* the groups (g[1], the kind, unused) */
 } Row;
 
@@ -319,7 +326,7 @@ scan_line(const char *s, Py_ssize_t p, Py_ssize_t end, Row *r)
         r->g[k] = NONE;
     }
     Scan c = {s, end, p};
-    if (token_chunk(&c, &r->kind, &r->g[2]) && (c.i == end || (c.i + 1 == end && s[c.i] == '\r'))) {
+    if (token_chunk(&c, &r->kind, &r->g[2], &r->entries) && (c.i == end || (c.i + 1 == end && s[c.i] == '\r'))) {
         r->g[0].a = p;
         r->g[0].b = c.i;
         return;
@@ -328,6 +335,7 @@ scan_line(const char *s, Py_ssize_t p, Py_ssize_t end, Row *r)
         r->g[k] = NONE;
     }
     r->kind = -1;
+    r->entries = 0;
     r->g[7].a = p;
     r->g[7].b = end;
 }
@@ -489,7 +497,7 @@ typedef struct {
     int kind;                        /* the current stretch's kind */
     Span finish;                     /* the last non-empty finish reason */
     Spans texts;                     /* the current stretch's texts, empty ones too */
-    Spans ids, firsts, entries;      /* non-empty only */
+    Spans ids, lps;                  /* non-empty only; lps: every logprob entry's number */
     PyObject *stretches;             /* the finished stretches: list of (kind, text, texts or None) */
 } RunBuild;
 
@@ -548,9 +556,26 @@ add_row(const char *s, RunBuild *r, const Row *row, Py_ssize_t line, Py_ssize_t 
     if (g[5].b > g[5].a) {
         r->finish = g[5];
     }
-    if (push(&r->texts, g[2]) < 0 || (g[6].b > g[6].a && push(&r->ids, g[6]) < 0) ||
-        (g[4].b > g[4].a && push(&r->firsts, g[4]) < 0) || (g[3].b > g[3].a && push(&r->entries, g[3]) < 0)) {
+    if (push(&r->texts, g[2]) < 0 || (g[6].b > g[6].a && push(&r->ids, g[6]) < 0)) {
         return -1;
+    }
+    if (g[3].b <= g[3].a) {
+        return 0;
+    }
+    if (row->entries == 1) {
+        return push(&r->lps, g[4]);
+    }
+    /* several tokens a chunk (a stream interval): every entry's logprob, from the entries the row matched */
+    Scan c = {s, g[3].b, g[3].a};
+    for (int k = 0; k < row->entries; k++) {
+        Span lp = NONE;
+        if ((k && !LIT(&c, ",")) || !logprob_entry(&c, &lp)) {
+            PyErr_SetString(PyExc_SystemError, "_sse_scan: a chunk's logprob entries read twice differ");
+            return -1;
+        }
+        if (push(&r->lps, lp) < 0) {
+            return -1;
+        }
     }
     return 0;
 }
@@ -567,21 +592,19 @@ end_run(const char *s, RunBuild *r, PyObject *out)
         Py_XDECREF(b);
         stretches = PyList_AsTuple(r->stretches);
     }
-    PyObject *items[8] = {
+    PyObject *items[6] = {
         where,
         PyLong_FromSsize_t(r->count),
         join(s, &r->ids, ','),
-        join(s, &r->firsts, ','),
-        PyLong_FromSsize_t(r->firsts.n),
-        join(s, &r->entries, ','),
+        join(s, &r->lps, ','),
         slice(s, r->finish),
         stretches,
     };
-    PyObject *t = tuple_of(items, 8);
+    PyObject *t = tuple_of(items, 6);
     int rc = t ? PyList_Append(out, t) : -1;
     Py_XDECREF(t);
     Py_CLEAR(r->stretches);
-    r->count = r->texts.n = r->ids.n = r->firsts.n = r->entries.n = 0;
+    r->count = r->texts.n = r->ids.n = r->lps.n = 0;
     return rc;
 }
 
@@ -620,8 +643,7 @@ segments(PyObject *module, PyObject *arg)
     Py_XDECREF(run.stretches);
     PyMem_Free(run.texts.v);
     PyMem_Free(run.ids.v);
-    PyMem_Free(run.firsts.v);
-    PyMem_Free(run.entries.v);
+    PyMem_Free(run.lps.v);
     PyBuffer_Release(&buf);
     return out;
 }

@@ -132,12 +132,10 @@ class StreamAccumulator:
 
     def _feed_run(self, run: Run, events: list[StreamEvent]) -> bool:
         """Decode a run of plain token chunks at once; False (nothing changed) when it cannot be read exactly."""
-        _, count, tids, first_lps, n_first, entries, finish, stretches = run
+        _, count, tids, lps, finish, stretches = run
         try:
             ids = orjson.loads(b"[" + tids + b"]")
-            if entries.count(b'"logprob":') != n_first:  # some chunk carries several tokens (stream interval)
-                first_lps = b",".join(_LOGPROB.findall(entries))
-            logprobs = orjson.loads(b"[" + first_lps + b"]")
+            logprobs = orjson.loads(b"[" + lps + b"]")
             # one piece per stretch of one kind (reasoning turning into content within one read)
             pieces = [(kind, _text(joined, parts)) for kind, joined, parts in stretches]
             finish_s = orjson.loads(b'"' + finish + b'"') if finish else None
@@ -254,15 +252,19 @@ def _text(joined: bytes, pieces: tuple[bytes, ...] | None) -> str:
 
 
 # A run of plain token chunks, its columns joined: (where its rows are: a slice of the block or the rows themselves,
-# chunks, token ids, first logprob of each chunk, how many, logprob entries, last finish reason, stretches of one
-# kind as (kind, text, the texts one by one when they hold a `\u`, else None)); all joined with `,`, b"" if none.
-Run = tuple[Any, int, bytes, bytes, int, bytes, bytes, tuple[tuple[bytes, bytes, tuple[bytes, ...] | None], ...]]
+# chunks, token ids, the logprob of every entry (several a chunk under a stream interval), last finish reason,
+# stretches of one kind as (kind, text, the texts one by one when they hold a `\u`, else None)); joined with `,`,
+# b"" if none.
+Run = tuple[Any, int, bytes, bytes, bytes, tuple[tuple[bytes, bytes, tuple[bytes, ...] | None], ...]]
 
 
 def _columns(rows: list[tuple[bytes, ...]]) -> Run:
     """A run's columns from its `_LINE` rows (what `_sse_scan.segments` builds while it scans)."""
-    _, kinds, texts, lps, first_lps, fins, tids, _ = zip(*rows, strict=True)
-    firsts = [x for x in first_lps if x]
+    _, kinds, texts, entries, first_lps, fins, tids, _ = zip(*rows, strict=True)
+    lps: list[bytes] = []
+    for lp, first in zip(entries, first_lps, strict=True):
+        if lp:  # a chunk of several tokens has as many entries: each one's logprob
+            lps += [first] if lp.count(b'"logprob":') == 1 else _LOGPROB.findall(lp)
     stretches = []
     start = 0
     for k in range(1, len(kinds) + 1):
@@ -271,8 +273,8 @@ def _columns(rows: list[tuple[bytes, ...]]) -> Run:
             stretches.append((kinds[start], joined, texts[start:k] if b"\\u" in joined else None))
             start = k
     finish = next((f for f in reversed(fins) if f), b"")
-    ids, entries = b",".join([t for t in tids if t]), b",".join([x for x in lps if x])
-    return rows, len(rows), ids, b",".join(firsts), len(firsts), entries, finish, tuple(stretches)
+    ids = b",".join([t for t in tids if t])
+    return rows, len(rows), ids, b",".join(lps), finish, tuple(stretches)
 
 
 def _segments_py(block: bytes) -> list[bytes | Run]:
