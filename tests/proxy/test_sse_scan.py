@@ -81,11 +81,18 @@ def _entry(rng: random.Random) -> str:
     return out + rng.choice(["", ',"top_logprobs":[]']) + "}"
 
 
-def _chunk(rng: random.Random) -> str:
-    """One token chunk in a shape the pattern accepts (vLLM's key order, each optional part present or not)."""
+def _head(rng: random.Random) -> str:
+    """A token chunk's start, up to its delta's `{`: the id, created time and model, the same in every chunk of a
+    stream."""
     out = '{"id":' + _s(rng.choice(["chatcmpl-1", 'a"b'])) + ',"object":"chat.completion.chunk","created":'
     out += str(rng.randrange(10**10)) + ',"model":' + _s(rng.choice(["m", "qwen/é"])) + ","
-    out += '"choices":[{"index":0,"delta":{' + rng.choice(["", '"role":"assistant",'])
+    return out + '"choices":[{"index":0,"delta":{'
+
+
+def _chunk(rng: random.Random, head: str | None = None) -> str:
+    """One token chunk in a shape the pattern accepts (vLLM's key order, each optional part present or not); `head`:
+    its start (`_head`), else a random one."""
+    out = (head or _head(rng)) + rng.choice(["", '"role":"assistant",'])
     text = _s(rng.choice(TEXTS)) if rng.random() < 0.8 else rng.choice(U_ESCAPES)
     out += _s(rng.choice(["content", "reasoning_content", "reasoning"])) + ":" + text + "}"
     n = rng.choice([0, 1, 1, 2, 8])
@@ -112,15 +119,17 @@ def _mutate(line: bytes, rng: random.Random) -> bytes:
     return line[:k] + line[k + 1 :]  # one byte dropped
 
 
-def _block(seed: int, lines: int = 120, *, mutate: bool = True) -> bytes:
+def _block(seed: int, lines: int = 120, *, mutate: bool = True, stream: bool = False) -> bytes:
+    """`lines` SSE lines; `stream`: the token chunks share one start (`_head`), as a stream's do."""
     rng = random.Random(seed)
+    head = _head(rng) if stream else None
     out: list[bytes] = []
     for _ in range(lines):
         roll = rng.random() if mutate else 1.0
         if roll < 0.1:
             line = rng.choice(OTHER_LINES)
         else:
-            line = rng.choice([b"data: ", b"data: ", b"data:"]) + _chunk(rng).encode()
+            line = rng.choice([b"data: ", b"data: ", b"data:"]) + _chunk(rng, head).encode()
             if roll < 0.45:
                 line = _mutate(line, rng)
         out.append(line + rng.choice([b"\n", b"\n\n", b"\r\n", b"\r\n\r\n"]))
@@ -160,6 +169,39 @@ def test_segments_equal_the_regex_ones_on_a_random_corpus(seed: int) -> None:
     _same_segments(clean)
     for cut in random.Random(seed).sample(range(len(block)), 10):
         _same_segments(block[:cut])
+
+
+@needs_c
+@pytest.mark.parametrize("seed", range(15))
+def test_scans_equal_the_regex_on_a_stream_corpus(seed: int) -> None:
+    """Chunks that share their start, as a stream's do (the C scan compares a chunk's start with the last one's),
+    mutated and truncated too."""
+    block = _block(seed, stream=True)
+    assert _sse_scan.lines(block) == _LINE.findall(block)
+    _same_segments(block)
+    _same_segments(_block(seed, mutate=False, stream=True))
+    for cut in random.Random(seed).sample(range(len(block)), 10):
+        _same_segments(block[:cut])
+
+
+@needs_c
+def test_a_chunk_whose_start_differs_from_the_last_one_in_one_byte() -> None:
+    """The second of three chunks has one byte of its start (and the bytes just after it) replaced, cut out or
+    doubled: each block is judged as the pattern judges it."""
+    rng = random.Random(7)
+    head = _head(rng)
+    first = ("data: " + _chunk(rng, head)).encode()
+    second = _chunk(rng, head).encode()
+    for k in range(len(head.encode()) + 4):
+        for b in (b"x", b'"', b"0", b"{", b"\\"):
+            for changed in (
+                second[:k] + b + second[k + 1 :],
+                second[:k] + second[k + 1 :],
+                second[:k] + b + second[k:],
+            ):
+                block = first + b"\n" + b"data: " + changed + b"\n" + first + b"\n"
+                assert _sse_scan.lines(block) == _LINE.findall(block), (k, b)
+                _same_segments(block)
 
 
 @needs_c

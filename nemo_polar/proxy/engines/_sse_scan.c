@@ -226,14 +226,26 @@ logprobs(Scan *c, Span g[2], int *n)
 }
 
 /* `_TOKEN_CHUNK`; `*kind`: an index into kind_names; g: text, logprob entries, first logprob, finish, ids;
- * `*entries`: how many logprob entries */
+ * `*entries`: how many logprob entries. `*prefix`: where the last chunk's prefix (up to its delta's `{`) was, NONE if
+ * none yet. Every chunk of a stream starts with the same id, created time and model, so a chunk whose first bytes
+ * equal that prefix's matches it the same way (the prefix is read without looking past its end) and is read on
+ * from there; else the prefix is read here and becomes the next chunk's. */
 static int
-token_chunk(Scan *c, int *kind, Span g[5], int *entries)
+token_chunk(Scan *c, int *kind, Span g[5], int *entries, Span *prefix)
 {
-    if (!LIT(c, "{\"id\":") || !str(c, NULL) ||
-        !LIT(c, ",\"object\":\"chat.completion.chunk\",\"created\":") || !digits(c) || !LIT(c, ",\"model\":") ||
-        !str(c, NULL) || !LIT(c, ",\"choices\":[{\"index\":0,\"delta\":{")) {
-        return 0;
+    Py_ssize_t len = prefix->b - prefix->a;
+    if (len > 0 && c->end - c->i >= len && memcmp(c->s + c->i, c->s + prefix->a, (size_t)len) == 0) {
+        c->i += len;
+    }
+    else {
+        Py_ssize_t a = c->i;
+        if (!LIT(c, "{\"id\":") || !str(c, NULL) ||
+            !LIT(c, ",\"object\":\"chat.completion.chunk\",\"created\":") || !digits(c) ||
+            !LIT(c, ",\"model\":") || !str(c, NULL) || !LIT(c, ",\"choices\":[{\"index\":0,\"delta\":{")) {
+            return 0;
+        }
+        prefix->a = a;
+        prefix->b = c->i;
     }
     LIT(c, "\"role\":\"assistant\",");
     if (!LIT(c, "\"")) {
@@ -320,13 +332,13 @@ typedef struct {
 /* The line's payload starts at `p` (after `data:` and its optional space) and ends at `end`:
  * `(_TOKEN_CHUNK)\r?$`, else `([^\n]*+)`, the rest of the line, with groups 1-7 not taking part. */
 static void
-scan_line(const char *s, Py_ssize_t p, Py_ssize_t end, Row *r)
+scan_line(const char *s, Py_ssize_t p, Py_ssize_t end, Row *r, Span *prefix)
 {
     for (int k = 0; k < NGROUPS; k++) {
         r->g[k] = NONE;
     }
     Scan c = {s, end, p};
-    if (token_chunk(&c, &r->kind, &r->g[2], &r->entries) && (c.i == end || (c.i + 1 == end && s[c.i] == '\r'))) {
+    if (token_chunk(&c, &r->kind, &r->g[2], &r->entries, prefix) && (c.i == end || (c.i + 1 == end && s[c.i] == '\r'))) {
         r->g[0].a = p;
         r->g[0].b = c.i;
         return;
@@ -405,10 +417,11 @@ lines(PyObject *module, PyObject *arg)
     }
     const char *s = buf.buf;
     Py_ssize_t pos = 0, line, p, end;
+    Span prefix = NONE; /* token_chunk */
     PyObject *out = PyList_New(0);
     while (out && next_data_line(s, buf.len, &pos, &line, &p, &end)) {
         Row r;
-        scan_line(s, p, end, &r);
+        scan_line(s, p, end, &r, &prefix);
         PyObject *t = row_tuple(s, &r);
         if (!t || PyList_Append(out, t) < 0) {
             Py_CLEAR(out);
@@ -620,10 +633,11 @@ segments(PyObject *module, PyObject *arg)
     Py_ssize_t pos = 0, line, p, end;
     RunBuild run;
     memset(&run, 0, sizeof run);
+    Span prefix = NONE; /* token_chunk */
     PyObject *out = PyList_New(0);
     while (out && next_data_line(s, buf.len, &pos, &line, &p, &end)) {
         Row r;
-        scan_line(s, p, end, &r);
+        scan_line(s, p, end, &r, &prefix);
         if (r.kind >= 0) {
             if (add_row(s, &run, &r, line, end) < 0) {
                 Py_CLEAR(out);
