@@ -28,6 +28,11 @@ from nemo_polar.proxy.engines.vllm import VLLMEngine, fast_answer
 from nemo_polar.proxy.engines.vllm_stream import StreamAccumulator
 from nemo_polar.types import TokenIds
 
+try:
+    from nemo_polar.proxy.engines import _sse_scan
+except ImportError:
+    _sse_scan = None  # type: ignore[assignment]
+
 DATA = Path(__file__).resolve().parents[1] / "data" / "vllm_stream"
 needs_c = pytest.mark.skipif(vllm.ANSWER_READER != "c", reason="the C answer reader (_sse_scan) is not built")
 
@@ -325,10 +330,16 @@ def test_prompt_ids_of_every_length_pack_as_json_reads_them() -> None:
             cut = fast_answer(raw)
             assert cut is not None and cut[2] is not None, ids[:5]
             assert list(cut[2]) == orjson.loads(raw)["prompt_token_ids"]
-    for bad in (b"01", b"00", b"012345678", b"2147483648", b"99999999999"):  # what JSON or int32 refuses: not packed
-        raw = b'{"id":"x","choices":[],"prompt_token_ids":[1,' + bad + b',3],"usage":null}'
+            # a bytes object ends in a NUL, which the C loop reads up to unchecked; any other buffer, checked
+            assert _sse_scan.answer_logprobs(bytearray(raw), True) == _sse_scan.answer_logprobs(raw, True)
+    for bad in (b"01", b"00", b"012345678", b"2147483648", b"99999999999", b"12345678901234567890123"):
+        raw = b'{"id":"x","choices":[],"prompt_token_ids":[1,' + bad + b',3],"usage":null}'  # JSON or int32 refuse
         cut = fast_answer(raw)
         assert cut is None or cut[2] is None, bad
+        assert _sse_scan.answer_logprobs(bytearray(raw), True) == _sse_scan.answer_logprobs(raw, True), bad
+    for cut_at in (b"[1,23", b"[1,23,", b"[1,2", b"[0"):  # the answer ends inside the ids
+        raw = b'{"id":"x","choices":[],"prompt_token_ids":' + cut_at
+        assert _sse_scan.answer_logprobs(raw, True) is None is _sse_scan.answer_logprobs(bytearray(raw), True)
 
 
 @needs_c

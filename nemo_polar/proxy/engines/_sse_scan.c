@@ -1005,6 +1005,7 @@ typedef struct {
     Spans nums;                     /* the logprobs' spans */
     Py_ssize_t open, close;         /* the content array's `[` and `]` (close 0: not found) */
     int want_ids;                   /* look for the top-level prompt_token_ids */
+    int nul_end;                    /* the answer is a bytes object: a NUL (not a digit) follows its last byte */
     Py_ssize_t ids_open, ids_close; /* its `[` and `]` (close 0: not found) */
     char *ids;                      /* its ints, packed little-endian int32 */
     Py_ssize_t n_ids, cap_ids;
@@ -1079,6 +1080,54 @@ choices_array(Scan *c, void *state)
 /* The prompt ids: a non-empty array of ints in [0, 2**31) written as JSON writes them (`0|[1-9]\d*`, no
  * whitespace), packed; anything else in such an array declines (the full parse decides, `check_token_data` refuses
  * what is not a token id); another value is left as it is. */
+/* `ids_array`'s loop where the buffer is known to end in a non-digit (`Cut.nul_end`; `c->end` is the buffer's end):
+ * a digit run is read without a bounds check on each byte (it stops at the NUL at the latest), one unsigned compare
+ * a byte; its length and value are checked once it has ended (at most 10 digits: no 64-bit overflow before the
+ * check). Accepts and packs exactly what the checked loop does. */
+static int
+ids_sentinel(Scan *c, Cut *cut)
+{
+    const unsigned char *s = (const unsigned char *)c->s, *end = s + c->end, *q = s + c->i;
+    for (;;) {
+        const unsigned char *p = q;
+        unsigned d = (unsigned)*q - '0';
+        if (q >= end || d > 9) {
+            return 0;
+        }
+        uint64_t v = d;
+        q++;
+        while ((d = (unsigned)*q - '0') <= 9) {
+            v = v * 10 + d;
+            q++;
+        }
+        if (q > end || q - p > 10 || v >= ((uint64_t)1 << 31) || (*p == '0' && q - p > 1)) {
+            return 0;
+        }
+        if (cut->n_ids == cut->cap_ids) {
+            Py_ssize_t cap = cut->cap_ids ? 2 * cut->cap_ids : 4096;
+            char *np = PyMem_Realloc(cut->ids, (size_t)cap * 4);
+            if (!np) {
+                PyErr_NoMemory();
+                return 0;
+            }
+            cut->ids = np;
+            cut->cap_ids = cap;
+        }
+        unsigned char *o = (unsigned char *)cut->ids + 4 * cut->n_ids++;
+        o[0] = (unsigned char)v;
+        o[1] = (unsigned char)(v >> 8);
+        o[2] = (unsigned char)(v >> 16);
+        o[3] = (unsigned char)(v >> 24);
+        if (q < end && *q == ',') {
+            q++;
+            continue;
+        }
+        c->i = q - s;
+        cut->ids_close = c->i;
+        return LIT(c, "]");
+    }
+}
+
 static int
 ids_array(Scan *c, void *state)
 {
@@ -1087,6 +1136,9 @@ ids_array(Scan *c, void *state)
         return skip_value(c);
     }
     cut->ids_open = c->i++;
+    if (cut->nul_end) {
+        return ids_sentinel(c, cut);
+    }
     const unsigned char *s = (const unsigned char *)c->s;
     for (;;) {
         Py_ssize_t i = c->i, end = c->end;
@@ -1189,6 +1241,7 @@ answer_logprobs(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
     Cut cut;
     memset(&cut, 0, sizeof cut);
     cut.want_ids = nargs > 1 && PyObject_IsTrue(args[1]) > 0;
+    cut.nul_end = PyBytes_Check(args[0]);
     Scan c = {buf.buf, buf.len, 0};
     PyObject *out = NULL;
     skip_ws(&c);
