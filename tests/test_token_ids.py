@@ -50,6 +50,15 @@ def test_only_token_ids(data: bytes) -> None:
         TokenIds(data)
 
 
+def test_from_checked_is_the_checked_one_without_the_check() -> None:
+    """What the C readers build from ids they checked themselves: equal to `TokenIds` of the same bytes, and it
+    takes the bytes as they are (no check: the caller's word)."""
+    data = packed(IDS).packed
+    t = TokenIds.from_checked(data)
+    assert type(t) is TokenIds and t == TokenIds(data) == IDS and t.packed is data
+    assert len(TokenIds.from_checked(b"\xff\xff\xff\xff")) == 1  # unchecked
+
+
 def test_encoded_and_checked_as_the_list() -> None:
     rng = random.Random(3)
     for n in (0, 1, 2, 3, 4, 5, 100, 8000):

@@ -251,4 +251,4 @@ def fast_answer(raw: bytes) -> tuple[dict[str, Any], list[float] | None, TokenId
         return None
     if n and (type(values) is not list or len(values) != n):
         return None
-    return data, values, None if packed is None else TokenIds(packed)
+    return data, values, None if packed is None else TokenIds.from_checked(packed)  # every id checked in C

@@ -328,7 +328,7 @@ def _packed_ids_chunk(payload: bytes) -> tuple[dict[str, Any], TokenIds] | None:
         or ("error" in chunk and "choices" not in chunk)
     ):
         return None
-    return chunk, TokenIds(cut[2])
+    return chunk, TokenIds.from_checked(cut[2])  # every id checked in C
 
 
 _answer_logprobs: Callable[[bytes, bool], tuple[bytes, int, bytes | None] | None] | None
