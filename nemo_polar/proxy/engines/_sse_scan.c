@@ -1080,6 +1080,28 @@ choices_array(Scan *c, void *state)
 /* The prompt ids: a non-empty array of ints in [0, 2**31) written as JSON writes them (`0|[1-9]\d*`, no
  * whitespace), packed; anything else in such an array declines (the full parse decides, `check_token_data` refuses
  * what is not a token id); another value is left as it is. */
+/* Append id `v` (< 2**31) to the packed ids, little-endian int32; -1 (MemoryError set) when out of memory */
+static inline int
+push_id(Cut *cut, uint64_t v)
+{
+    if (cut->n_ids == cut->cap_ids) {
+        Py_ssize_t cap = cut->cap_ids ? 2 * cut->cap_ids : 4096;
+        char *p = PyMem_Realloc(cut->ids, (size_t)cap * 4);
+        if (!p) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        cut->ids = p;
+        cut->cap_ids = cap;
+    }
+    unsigned char *o = (unsigned char *)cut->ids + 4 * cut->n_ids++;
+    o[0] = (unsigned char)v;
+    o[1] = (unsigned char)(v >> 8);
+    o[2] = (unsigned char)(v >> 16);
+    o[3] = (unsigned char)(v >> 24);
+    return 0;
+}
+
 /* `ids_array`'s loop where the buffer is known to end in a non-digit (`Cut.nul_end`; `c->end` is the buffer's end):
  * a digit run is read without a bounds check on each byte (it stops at the NUL at the latest), one unsigned compare
  * a byte; its length and value are checked once it has ended (at most 10 digits: no 64-bit overflow before the
@@ -1103,21 +1125,9 @@ ids_sentinel(Scan *c, Cut *cut)
         if (q > end || q - p > 10 || v >= ((uint64_t)1 << 31) || (*p == '0' && q - p > 1)) {
             return 0;
         }
-        if (cut->n_ids == cut->cap_ids) {
-            Py_ssize_t cap = cut->cap_ids ? 2 * cut->cap_ids : 4096;
-            char *np = PyMem_Realloc(cut->ids, (size_t)cap * 4);
-            if (!np) {
-                PyErr_NoMemory();
-                return 0;
-            }
-            cut->ids = np;
-            cut->cap_ids = cap;
+        if (push_id(cut, v) < 0) {
+            return 0;
         }
-        unsigned char *o = (unsigned char *)cut->ids + 4 * cut->n_ids++;
-        o[0] = (unsigned char)v;
-        o[1] = (unsigned char)(v >> 8);
-        o[2] = (unsigned char)(v >> 16);
-        o[3] = (unsigned char)(v >> 24);
         if (q < end && *q == ',') {
             q++;
             continue;
@@ -1155,21 +1165,9 @@ ids_array(Scan *c, void *state)
         if (v >= ((uint64_t)1 << 31) || (i < end && s[i] >= '0' && s[i] <= '9')) {
             return 0;
         }
-        if (cut->n_ids == cut->cap_ids) {
-            Py_ssize_t cap = cut->cap_ids ? 2 * cut->cap_ids : 4096;
-            char *p = PyMem_Realloc(cut->ids, (size_t)cap * 4);
-            if (!p) {
-                PyErr_NoMemory();
-                return 0;
-            }
-            cut->ids = p;
-            cut->cap_ids = cap;
+        if (push_id(cut, v) < 0) {
+            return 0;
         }
-        unsigned char *o = (unsigned char *)cut->ids + 4 * cut->n_ids++;
-        o[0] = (unsigned char)v;
-        o[1] = (unsigned char)(v >> 8);
-        o[2] = (unsigned char)(v >> 16);
-        o[3] = (unsigned char)(v >> 24);
         c->i = i;
         if (i < end && s[i] == ',') {
             c->i++;
