@@ -330,7 +330,7 @@ def test_prompt_ids_of_every_length_pack_as_json_reads_them() -> None:
             cut = fast_answer(raw)
             assert cut is not None and cut[2] is not None, ids[:5]
             assert list(cut[2]) == orjson.loads(raw)["prompt_token_ids"]
-            # a bytes object ends in a NUL, which the C loop reads up to unchecked; any other buffer, checked
+            # a bytes object ends in a NUL, which the C loop reads up to unchecked; any other buffer is copied first
             assert _sse_scan.answer_logprobs(bytearray(raw), True) == _sse_scan.answer_logprobs(raw, True)
     for bad in (b"01", b"00", b"012345678", b"2147483648", b"99999999999", b"12345678901234567890123"):
         raw = b'{"id":"x","choices":[],"prompt_token_ids":[1,' + bad + b',3],"usage":null}'  # JSON or int32 refuse

@@ -1005,7 +1005,6 @@ typedef struct {
     Spans nums;                     /* the logprobs' spans */
     Py_ssize_t open, close;         /* the content array's `[` and `]` (close 0: not found) */
     int want_ids;                   /* look for the top-level prompt_token_ids */
-    int nul_end;                    /* the answer is a bytes object: a NUL (not a digit) follows its last byte */
     Py_ssize_t ids_open, ids_close; /* its `[` and `]` (close 0: not found) */
     char *ids;                      /* its ints, packed little-endian int32 */
     Py_ssize_t n_ids, cap_ids;
@@ -1077,9 +1076,6 @@ choices_array(Scan *c, void *state)
     }
 }
 
-/* The prompt ids: a non-empty array of ints in [0, 2**31) written as JSON writes them (`0|[1-9]\d*`, no
- * whitespace), packed; anything else in such an array declines (the full parse decides, `check_token_data` refuses
- * what is not a token id); another value is left as it is. */
 /* Append id `v` (< 2**31) to the packed ids, little-endian int32; -1 (MemoryError set) when out of memory */
 static inline int
 push_id(Cut *cut, uint64_t v)
@@ -1102,13 +1098,20 @@ push_id(Cut *cut, uint64_t v)
     return 0;
 }
 
-/* `ids_array`'s loop where the buffer is known to end in a non-digit (`Cut.nul_end`; `c->end` is the buffer's end):
- * a digit run is read without a bounds check on each byte (it stops at the NUL at the latest), one unsigned compare
- * a byte; its length and value are checked once it has ended (at most 10 digits: no 64-bit overflow before the
- * check). Accepts and packs exactly what the checked loop does. */
+/* The prompt ids: a non-empty array of ints in [0, 2**31) written as JSON writes them (`0|[1-9]\d*`, no
+ * whitespace), packed; anything else in such an array declines (the full parse decides, `check_token_data` refuses
+ * what is not a token id); another value is left as it is.
+ * The answer is a bytes object (`answer_logprobs`), so a NUL, no digit, follows its last byte: a digit run is read to
+ * its end with one unsigned compare a byte and no bounds check, its length (at most 10 digits: no 64-bit overflow
+ * before the check), value and leading zero checked once it has ended. */
 static int
-ids_sentinel(Scan *c, Cut *cut)
+ids_array(Scan *c, void *state)
 {
+    Cut *cut = state;
+    if (!cut->want_ids || c->end - c->i < 2 || c->s[c->i] != '[' || c->s[c->i + 1] < '0' || c->s[c->i + 1] > '9') {
+        return skip_value(c);
+    }
+    cut->ids_open = c->i++;
     const unsigned char *s = (const unsigned char *)c->s, *end = s + c->end, *q = s + c->i;
     for (;;) {
         const unsigned char *p = q;
@@ -1122,10 +1125,7 @@ ids_sentinel(Scan *c, Cut *cut)
             v = v * 10 + d;
             q++;
         }
-        if (q > end || q - p > 10 || v >= ((uint64_t)1 << 31) || (*p == '0' && q - p > 1)) {
-            return 0;
-        }
-        if (push_id(cut, v) < 0) {
+        if (q > end || q - p > 10 || v >= ((uint64_t)1 << 31) || (*p == '0' && q - p > 1) || push_id(cut, v) < 0) {
             return 0;
         }
         if (q < end && *q == ',') {
@@ -1133,46 +1133,6 @@ ids_sentinel(Scan *c, Cut *cut)
             continue;
         }
         c->i = q - s;
-        cut->ids_close = c->i;
-        return LIT(c, "]");
-    }
-}
-
-static int
-ids_array(Scan *c, void *state)
-{
-    Cut *cut = state;
-    if (!cut->want_ids || c->end - c->i < 2 || c->s[c->i] != '[' || c->s[c->i + 1] < '0' || c->s[c->i + 1] > '9') {
-        return skip_value(c);
-    }
-    cut->ids_open = c->i++;
-    if (cut->nul_end) {
-        return ids_sentinel(c, cut);
-    }
-    const unsigned char *s = (const unsigned char *)c->s;
-    for (;;) {
-        Py_ssize_t i = c->i, end = c->end;
-        uint64_t v;
-        if (i >= end || s[i] < '0' || s[i] > '9') {
-            return 0;
-        }
-        v = s[i++] - '0';
-        if (v) {
-            while (i < end && s[i] >= '0' && s[i] <= '9' && v < ((uint64_t)1 << 31)) {
-                v = v * 10 + (s[i++] - '0');
-            }
-        }
-        if (v >= ((uint64_t)1 << 31) || (i < end && s[i] >= '0' && s[i] <= '9')) {
-            return 0;
-        }
-        if (push_id(cut, v) < 0) {
-            return 0;
-        }
-        c->i = i;
-        if (i < end && s[i] == ',') {
-            c->i++;
-            continue;
-        }
         cut->ids_close = c->i;
         return LIT(c, "]");
     }
@@ -1232,14 +1192,20 @@ answer_logprobs(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "answer_logprobs(answer, ids=False)");
         return NULL;
     }
+    /* read from a bytes object, whose last byte is followed by a NUL (`ids_array`); another buffer is copied into
+     * one (the proxy's answers are bytes already) */
+    PyObject *answer = PyBytes_Check(args[0]) ? Py_NewRef(args[0]) : PyBytes_FromObject(args[0]);
+    if (!answer) {
+        return NULL;
+    }
     Py_buffer buf;
-    if (PyObject_GetBuffer(args[0], &buf, PyBUF_SIMPLE) < 0) {
+    if (PyObject_GetBuffer(answer, &buf, PyBUF_SIMPLE) < 0) {
+        Py_DECREF(answer);
         return NULL;
     }
     Cut cut;
     memset(&cut, 0, sizeof cut);
     cut.want_ids = nargs > 1 && PyObject_IsTrue(args[1]) > 0;
-    cut.nul_end = PyBytes_Check(args[0]);
     Scan c = {buf.buf, buf.len, 0};
     PyObject *out = NULL;
     skip_ws(&c);
@@ -1265,6 +1231,7 @@ done:
     PyMem_Free(cut.nums.v);
     PyMem_Free(cut.ids);
     PyBuffer_Release(&buf);
+    Py_DECREF(answer);
     return out;
 }
 

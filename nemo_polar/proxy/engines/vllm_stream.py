@@ -260,11 +260,8 @@ Run = tuple[Any, int, bytes, bytes, bytes, tuple[tuple[bytes, bytes, tuple[bytes
 
 def _columns(rows: list[tuple[bytes, ...]]) -> Run:
     """A run's columns from its `_LINE` rows (what `_sse_scan.segments` builds while it scans)."""
-    _, kinds, texts, entries, first_lps, fins, tids, _ = zip(*rows, strict=True)
-    lps: list[bytes] = []
-    for lp, first in zip(entries, first_lps, strict=True):
-        if lp:  # a chunk of several tokens has as many entries: each one's logprob
-            lps += [first] if lp.count(b'"logprob":') == 1 else _LOGPROB.findall(lp)
+    _, kinds, texts, entries, _, fins, tids, _ = zip(*rows, strict=True)
+    lps = _LOGPROB.findall(b",".join(entries))  # every entry's logprob (several a chunk under a stream interval)
     stretches = []
     start = 0
     for k in range(1, len(kinds) + 1):
