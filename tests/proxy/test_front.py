@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import socket
+import time
 from typing import Any
 
 import pytest
@@ -108,6 +109,30 @@ def test_keep_alive_pipelining_and_a_hand_over_on_one_connection(fake_upstream, 
     assert len(h.records(s.session_id)) == 4
     front_ = h.proxy.fronts[0]
     assert front_.served == 3 and front_.handed_over >= 1
+
+
+def test_requests_cut_anywhere_across_reads(fake_upstream, make_proxy):
+    """A request that arrives in several reads is buffered until it is whole: cut inside the head, right after it,
+    inside the body, and a whole call with the next one's start in one read."""
+    h, s, sock, f = _served(fake_upstream, make_proxy)
+    one = _chat(s.api_key)
+    head_end = one.index(b"\r\n\r\n") + 4
+    cuts = [[10], [head_end], [head_end + 5], [20, head_end, len(one) - 1]]
+    with sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for cut in cuts:
+            for a, b in zip([0, *cut], [*cut, len(one)], strict=True):
+                sock.sendall(one[a:b])
+                time.sleep(0.05)  # each piece its own read
+            assert _read_response(f)[0] == 200
+        two = one + one[: head_end + 3]
+        sock.sendall(two)
+        time.sleep(0.05)
+        sock.sendall(one[head_end + 3 :])
+        assert _read_response(f)[0] == 200 and _read_response(f)[0] == 200
+    records = h.records(s.session_id)
+    assert len(records) == len(cuts) + 2 and all(r.error is None for r in records)
+    assert h.proxy.fronts[0].served == len(cuts) + 2
 
 
 def test_claude_codes_head_then_calls_stay_on_the_front(fake_upstream, make_proxy):
