@@ -5,7 +5,8 @@ Every other proxy test already goes through the front (`conftest.make_proxy` ser
 hold what is particular to it, on raw sockets so the bytes on the wire are the test's: the split between the front
 and aiohttp (counted in the admin status), keep-alive and pipelined requests on one connection, a connection handed
 to aiohttp mid-life, the unusual requests aiohttp answers (each compared with a proxy on aiohttp's server alone:
-same status), `Connection: close`, an unexpected handler error, and idle connections closed.
+same status), `Connection: close`, an unexpected handler error, idle connections closed, and requests that arrive in
+several reads.
 """
 
 from __future__ import annotations
