@@ -11,13 +11,15 @@ the file keeps the store's durability: `proxy/store.py`'s docstring and docs/con
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import logging
 import mmap
 import os
 import struct
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from nemo_polar.errors import PolarError
@@ -37,10 +39,17 @@ log = logging.getLogger(__name__)
 # a payload frame in PAYLOADS_NAME: magic, payload length, crc32 of the payload, then the payload
 _FRAME = struct.Struct("<4sII")
 _MAGIC = b"PLRP"
-# what a row's `data` holds for a payload in the file: a tag byte JSON never starts with, the frame's offset, the
-# payload's length and crc32 (a frame that is valid but not this record's, e.g. in a replaced file, is refused too)
+# a frame that says whose row it is (`append(metas=)`, what the record store writes): magic, payload length, crc32 of
+# the payload, the meta's length and crc32, then the meta (the row's fields as JSON), then the payload
+_RFRAME = struct.Struct("<4sIIHI")
+_RMAGIC = b"PLRR"
+# what a row's `data` holds for a payload in the file: a tag byte JSON never starts with (1: a plain frame, 2: a frame
+# with its meta), the frame's offset, the payload's length and crc32 (a frame that is valid but not this record's,
+# e.g. in a replaced file, is refused too)
 _REF = struct.Struct("<BQII")
 _REF_TAG = 1
+_REF_META_TAG = 2
+_SCAN_WINDOW = 1 << 16  # bytes read at a time when looking for the next frame past damaged bytes (`scan`)
 
 # MiB of the file's end kept in the OS's page cache by default (`RecordStore(page_cache_mb=)`, `drop_cached`): records
 # read soon after they are written (a session's trajectory) are read from memory; older pages are dropped once on disk
@@ -158,40 +167,60 @@ class PayloadFile:
                 return None
         return self._fd
 
-    def append(self, payloads: Sequence[Buffer | list[Buffer]]) -> list[bytes]:
+    def append(self, payloads: Sequence[Buffer | list[Buffer]], metas: Sequence[bytes] | None = None) -> list[bytes]:
         """Write `payloads` as frames at the file's end, back to back (`_write_at`, or a direct write: class
         docstring); return their row references. A payload given as a list of buffers is their bytes back to back
-        (written as they are, never joined). The caller holds SQLite's write lock (`BEGIN IMMEDIATE`), so no other
-        writer, in this process or another, takes the same end; bytes of a writer that failed or died before its
-        commit stay as garbage no row points to."""
+        (written as they are, never joined). `metas`: one per payload, the frames then carry them (what the record
+        store's rows are rebuilt from: `scan`). The file's end is taken under an exclusive `flock` held to the end
+        of the write, so no other writer, in this process or another, takes the same offset; a write that fails is
+        cut off the file again (where that fails too, its bytes stay as garbage `scan` steps over)."""
         fd = self._open()
         assert fd is not None
         frames = []
         total = 0
-        for data in payloads:
+        for k, data in enumerate(payloads):
             pieces = data if isinstance(data, list) else [data]
             crc = 0
             size = 0
             for piece in pieces:
                 crc = _crc32(piece, crc)
                 size += len(piece)
-            frames.append((pieces, size, crc))
-            total += _FRAME.size + size
+            meta = None if metas is None else metas[k]
+            frames.append((pieces, size, crc, meta))
+            total += size + (_FRAME.size if meta is None else _RFRAME.size + len(meta))
         dfd = self._direct_fd() if total >= DIRECT_MIN_BYTES else None
-        offset = os.fstat(fd).st_size
-        if dfd is not None:
-            offset = -(-offset // _ALIGN) * _ALIGN  # a direct write starts on a boundary (after any writer's end)
-        parts: list[Buffer] = []
-        refs: list[bytes] = []
-        at = offset
-        for pieces, size, crc in frames:
-            parts.append(_FRAME.pack(_MAGIC, size, crc))
-            parts += pieces
-            refs.append(_REF.pack(_REF_TAG, at, size, crc))
-            at += _FRAME.size + size
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            offset = os.fstat(fd).st_size
+            if dfd is not None:
+                offset = -(-offset // _ALIGN) * _ALIGN  # a direct write starts on a boundary (after any writer's end)
+            parts: list[Buffer] = []
+            refs: list[bytes] = []
+            at = offset
+            for pieces, size, crc, meta in frames:
+                if meta is None:
+                    parts.append(_FRAME.pack(_MAGIC, size, crc))
+                    refs.append(_REF.pack(_REF_TAG, at, size, crc))
+                    at += _FRAME.size + size
+                else:
+                    parts += (_RFRAME.pack(_RMAGIC, size, crc, len(meta), _crc32(meta, 0)), meta)
+                    refs.append(_REF.pack(_REF_META_TAG, at, size, crc))
+                    at += _RFRAME.size + len(meta) + size
+                parts += pieces
+            try:
+                self._write(fd, dfd, parts, offset)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, offset)
+                raise
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        return refs
+
+    def _write(self, fd: int, dfd: int | None, parts: list[Buffer], offset: int) -> None:
         if dfd is None:
             _write_at(fd, parts, offset)
-            return refs
+            return
         try:
             self._write_direct(dfd, parts, offset)
         except OSError as exc:
@@ -201,7 +230,53 @@ class PayloadFile:
             log.info("payload file %s: direct writes refused (%s); writing through the page cache", self.path, exc)
             self._stop_direct()
             _write_at(fd, parts, offset)
-        return refs
+
+    def size(self) -> int:
+        """The file's size (0 while there is none)."""
+        fd = self._open()
+        return 0 if fd is None else os.fstat(fd).st_size
+
+    def scan(self, start: int) -> Iterator[tuple[bytes, bytes]]:
+        """Every intact frame with a meta from offset `start` to the file's end, in file order: (its meta, the row
+        reference to its payload). Frames without a meta are passed over; so are bytes that are no frame (a direct
+        write's zero padding; a write cut short by a crash, which may be followed by other writers' frames): from
+        there the next frame is looked for, and only one whose checksums hold is taken."""
+        fd = self._open()
+        if fd is None:
+            return
+        end = os.fstat(fd).st_size
+        pos = start
+        while pos + _FRAME.size <= end:
+            head = os.pread(fd, _RFRAME.size, pos)
+            stop = -1
+            if head[:4] == _RMAGIC and len(head) == _RFRAME.size:
+                _, n, crc, m, mcrc = _RFRAME.unpack(head)
+                stop = pos + _RFRAME.size + m + n
+                body = os.pread(fd, m + n, pos + _RFRAME.size) if stop <= end else b""
+                if len(body) == m + n and _crc32(body[:m], 0) == mcrc and _crc32(memoryview(body)[m:], 0) == crc:
+                    yield body[:m], _REF.pack(_REF_META_TAG, pos, n, crc)
+                    pos = stop
+                    continue
+            elif head[:4] == _MAGIC:
+                _, n, crc = _FRAME.unpack(head[: _FRAME.size])
+                stop = pos + _FRAME.size + n
+                if stop <= end and _crc32(os.pread(fd, n, pos + _FRAME.size), 0) == crc:
+                    pos = stop
+                    continue
+            pos = self._next_magic(fd, pos + 1, end)
+
+    @staticmethod
+    def _next_magic(fd: int, pos: int, end: int) -> int:
+        """The offset of the next bytes that may start a frame (`PLRP` or `PLRR`) at or after `pos`; `end` if none."""
+        while pos < end:
+            window = os.pread(fd, min(_SCAN_WINDOW, end - pos) + 3, pos)
+            i = window.find(b"PLR")
+            while i >= 0 and i + 3 < len(window) and window[i + 3] not in b"PR":
+                i = window.find(b"PLR", i + 1)
+            if i >= 0 and i + 3 < len(window):
+                return pos + i
+            pos += max(1, len(window) - 3)
+        return end
 
     def _direct_fd(self) -> int | None:
         """The O_DIRECT descriptor appends go through, opened on first use; None: appends use the page cache."""
@@ -280,17 +355,20 @@ class PayloadFile:
         the frame `data` points to, checked; `StoreCorrupt` naming the record when it is missing or damaged."""
         if data[:1] == b"{":
             return bytes(data)
-        if len(data) != _REF.size or data[0] != _REF_TAG:
+        if len(data) != _REF.size or data[0] not in (_REF_TAG, _REF_META_TAG):
             raise StoreCorrupt(f"record {record_id!r}: its row holds neither a record nor a payload reference")
-        _, offset, length, crc = _REF.unpack(data)
+        tag, offset, length, crc = _REF.unpack(data)
         where = f"record {record_id!r}: its payload ({length} bytes at offset {offset} of {self.path})"
         fd = self._open()
         if fd is None:
             raise StoreCorrupt(f"{where} is missing: there is no payload file")
-        head = os.pread(fd, _FRAME.size, offset)
-        if len(head) < _FRAME.size or _FRAME.unpack(head) != (_MAGIC, length, crc):
+        frame = _FRAME if tag == _REF_TAG else _RFRAME
+        head = os.pread(fd, frame.size, offset)
+        fields = frame.unpack(head) if len(head) == frame.size else ()
+        if fields[:3] != ((_MAGIC if tag == _REF_TAG else _RMAGIC), length, crc):
             raise StoreCorrupt(f"{where} is missing or damaged: no matching frame header there")
-        payload = os.pread(fd, length, offset + _FRAME.size)
+        start = offset + frame.size + (0 if tag == _REF_TAG else fields[3])
+        payload = os.pread(fd, length, start)
         if len(payload) != length:
             raise StoreCorrupt(f"{where} is cut short: the file ends {length - len(payload)} bytes early")
         if _crc32(payload, 0) != crc:

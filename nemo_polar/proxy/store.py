@@ -2,37 +2,44 @@
 """The proxy's durable record store: one SQLite database (WAL) per store directory, with an append-only payload file.
 
 `RecordStore.commit(record)` returns once the record is on disk; the proxy awaits it before the reply's terminal
-part leaves (docs/contracts.md, "Durability"). Concurrent commits are batched: a single writer thread drains every
-pending write into one transaction, commits it, then resolves all their futures, so 64 concurrent replies cost one
-fsync, not 64. Token arrays are stored compactly (`CompletionRecord.to_json(compact=True)`: base64 int32/float64).
+part leaves (docs/contracts.md, "Durability"). Concurrent commits are batched: everything submitted in one turn of the
+event loop is written together, so 64 concurrent replies cost one write, not 64. Token arrays are stored compactly
+(`CompletionRecord.to_json(compact=True)`: base64 int32/float64).
 
 Layout. `records.sqlite` holds one small row per record (id, session, seq, state) and the sessions;
 `records.sqlite-payloads` beside it holds each record's JSON of more than `INLINE_MAX` bytes (17-118 KB on the
-long-stream mix) as a frame (`proxy/payloads.py`): magic, length, crc32, then the bytes. The row's `data` is then a
-17-byte reference (a tag byte JSON never starts with, the frame's offset, length and crc32); a smaller record's JSON
-stays in `data`, as every record of a store written before the payload file does, and both read the same. Out of
-SQLite a large record is written once (not into overflow pages, then the WAL, then again by the checkpoint;
-docs/performance.md, "Records"). Every read checks the frame against the reference; a torn, truncated or missing
-payload is `StoreCorrupt` naming the record, never other bytes. The file only grows: a placeholder's frame, and the
-bytes of a batch whose commit failed or whose process died before committing, are garbage no row points to. Copy or
-archive the directory, not the database alone.
+long-stream mix) as a frame (`proxy/payloads.py`): a header (magic, lengths, crc32s), the row's fields (the meta), then
+the bytes. The row's `data` is then a 17-byte reference (a tag byte JSON never starts with, the frame's offset, length
+and crc32); a smaller record's JSON stays in `data`, as every record of a store written before the payload file does,
+and both read the same. Out of SQLite a large record is written once (not into overflow pages, then the WAL, then again
+by the checkpoint; docs/performance.md, "Records"). Every read checks the frame against the reference; a torn,
+truncated or missing payload is `StoreCorrupt` naming the record, never other bytes. The file only grows: a
+placeholder's frame, and the bytes of a write that failed or whose process died in it, are garbage no row points to.
+Copy or archive the directory, not the database alone.
 
-Writers. Several processes may write one store (a rollout server and its gateways, tools). A batch with payloads begins
-with `BEGIN IMMEDIATE`, takes SQLite's write lock, and only then reads the file's end and writes its frames there
-(vectored writes of at most 1 MiB; a batch of 256 KiB or more on a local block file system with O_DIRECT, starting on a
-4 KiB boundary and padded to the next: `PayloadFile`, `direct_io`), so two writers never take the same offset; the rows
-that reference the frames commit in the same transaction. Durability is unchanged: without `fsync` the frames are in
-the OS (written directly: handed to the disk) before the commit is, so a killed process loses nothing it committed;
-with `fsync` the frames are fsynced before the commit that references them. Only the checkpointer thread checkpoints
-(`wal_autocheckpoint=0`), and it syncs the payload file first, for the commits that a read transaction pins (the
-checkpoint cannot pass them), so no row reaches the database file before its payload is on disk; `open` and `close`
-sync it before SQLite's checkpoint on closing the last connection. After each checkpoint's sync the payload file's
-pages more than `page_cache_mb` behind its end are dropped from the OS's page cache (docs/performance.md, "The payload
-file's page cache").
+Rows follow the frames. A record with a frame is committed when its frame is written (in the OS; fsynced first with
+`fsync`): its row is written later, with the other rows owed, in one transaction at most `ROWS_EVERY_S` after (or
+when `ROWS_MAX` are owed, or before any read through this object: `write_rows`). At one call at a time that is one
+transaction every 50 ms instead of one or two a call, at 64 one instead of dozens, and a stream whose final record
+comes within the window never writes its placeholder's row (docs/performance.md, "Rows after their frames"). Nothing
+is lost or hidden meanwhile: the frame carries its row's fields, and the `writers` table says where each open store
+object's rowless frames begin (`since`, moved at each of its transactions), so `read_records` lays the frames past it
+over the table, a store object writes the rows another writer still owes before it reads (`store_rows.index_tail`),
+and `open` writes those a killed process owed before its pending rows become failures.
+
+Writers. Several processes may write one store (a rollout server and its gateways, tools). Frames are appended under
+an exclusive `flock` of the payload file, held while its end is read and the frames written there (`PayloadFile`:
+vectored writes of at most 1 MiB; large batches on a local block file system with O_DIRECT, 4 KiB aligned), so two
+writers never take the same offset. Without `fsync` the frames are in the OS when `commit` returns, so a killed
+process loses nothing it committed; with `fsync` they are fsynced first, and their rows written (synchronous=FULL)
+right after. Only the checkpointer thread checkpoints (`wal_autocheckpoint=0`), syncing the payload file first
+(`store_rows.checkpoint`), so no row reaches the database file before its payload is on disk; `open` and `close` sync
+it before SQLite's checkpoint on closing the last connection, and the payload file's pages more than `page_cache_mb`
+behind its end leave the OS's page cache (docs/performance.md, "The payload file's page cache").
 
 A record may first be written as *pending* (`put_pending`) when a call is admitted; `commit` replaces it with the
-final record, updating the placeholder's row in place (its index entries are not deleted and re-inserted). The
-placeholder holds what identifies the call and the caller's original request, not the normalised
+final record, updating the placeholder's row in place where it was written (its index entries are not deleted and
+re-inserted). The placeholder holds what identifies the call and the caller's original request, not the normalised
 `request` (a second copy of the same prompt: for an 8k-token prompt half of the placeholder's bytes). On `open`,
 pending rows left by a killed process become failure records (`error.type == "interrupted"`, with the original
 request), so a stream cut by a crash is still accounted for.
@@ -48,10 +55,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import sqlite3
 import threading
-import time
+import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -60,31 +68,39 @@ from typing import Any
 import orjson
 
 from nemo_polar.errors import PolarError
-from nemo_polar.proxy.deltas import (
-    DeltaError,
-    SessionDeltas,
-    is_delta,
-    parts_size,
-    resolve,
-    share_request,
-    stored_parts,
-)
+from nemo_polar.proxy.deltas import SessionDeltas, parts_size, share_request, stored_parts
 from nemo_polar.proxy.payloads import PAGE_CACHE_MB, PayloadFile, StoreCorrupt
 from nemo_polar.proxy.record_json import record_bytes, record_dict
+from nemo_polar.proxy.store_rows import (
+    UPSERT,
+    WRITERS_SCHEMA,
+    checkpoint,
+    conn_data,
+    index_tail,
+    interrupted,
+    proc_start,
+    read_store,
+    records,
+    whole_op,
+)
+from nemo_polar.proxy.store_rows import whole as whole_of
 from nemo_polar.types import CompletionRecord
 
-__all__ = ["DB_NAME", "PAYLOADS_NAME", "RecordStore", "StoreClosed", "StoreCorrupt", "read_records"]
+__all__ = ["DB_NAME", "PAYLOADS_NAME", "RecordStore", "StoreClosed", "StoreCorrupt", "read_records", "record_bytes"]
 
 log = logging.getLogger(__name__)
 
-DB_NAME = "records.sqlite"
-PAYLOADS_NAME = DB_NAME + "-payloads"  # the append-only payload file beside it (module docstring)
 PAGE_SIZE = 4096  # bytes per SQLite page of a new database (module docstring)
 # a record's JSON of up to this many bytes (a page) stays in its row: JSON of 1.6-6 KB costs within ±10 % either way
 # committed alone and 25-30 % less in the payload file in batches of 16, 12 KB already 25 % less alone
+DB_NAME = "records.sqlite"
+PAYLOADS_NAME = DB_NAME + "-payloads"  # the append-only payload file beside it (module docstring)
 INLINE_MAX = 4096
+ROWS_EVERY_S = 0.05  # the longest a framed record waits for its row (module docstring, "Rows follow the frames")
+ROWS_MAX = 4096  # rows owed that are written at once, whatever the time
 
-_SCHEMA = """
+_SCHEMA = (
+    """
 CREATE TABLE IF NOT EXISTS records (
     id TEXT PRIMARY KEY,
     session_id TEXT NOT NULL,
@@ -101,6 +117,8 @@ CREATE TABLE IF NOT EXISTS sessions (
     data BLOB NOT NULL
 );
 """
+    + WRITERS_SCHEMA
+)
 
 _STOP = object()
 
@@ -164,6 +182,13 @@ class RecordStore:
         self._pending_ids: set[str] = set()  # placeholders submitted and not yet replaced by their final record
         self._deltas = SessionDeltas() if session_deltas else None
         self._lost: set[str] = set()  # ids of records whose batch failed: a delta against one is written whole
+        # rows of framed records not written yet (module docstring, "Rows follow the frames"), by record id
+        self._rows: dict[str, tuple[Any, ...]] = {}
+        self._lock = threading.Lock()  # the frames' rows, their connection and `_side`
+        self._writer_id = uuid.uuid4().hex
+        self._side: sqlite3.Connection | None = None  # registration, other writers' rows, the rows of `close`
+        self._timer_loop: asyncio.AbstractEventLoop | None = None  # the loop a row flush is due on
+        self.rows_every_s = ROWS_EVERY_S
         self._closed = True
         self.batches = 0
         self.writes = 0
@@ -177,10 +202,15 @@ class RecordStore:
         # frames a killed writer left in the page cache reach the disk before any checkpoint here (closing the last
         # connection is one) can copy their rows into the database
         self._payloads.sync()
-        conn = self._connect()
+        conn = self._side = self._connect()
         conn.executescript(_SCHEMA)
-        recovered = self._recover(conn)
-        conn.close()
+        # registered before its first frame: every frame of this store object without its row is past `since`
+        conn.execute(
+            "INSERT INTO writers (writer, pid, started, since) VALUES (?, ?, ?, ?)",
+            (self._writer_id, os.getpid(), proc_start(os.getpid()), self._payloads.size()),
+        )
+        index_tail(conn, self._payloads, self._writer_id)  # rows a killed writer owed, before its pending rows
+        recovered = interrupted(conn, self._payloads)
         if recovered:
             log.warning(
                 "store %s: %d interrupted call(s) from a previous run recorded as failures", self.path, recovered
@@ -202,32 +232,10 @@ class RecordStore:
         conn = self._connect()
         pin = self._connect(readonly=True)
         while not self._ckpt_stop.wait(self.checkpoint_every_s):
-            self._checkpoint(conn, pin)
-        self._checkpoint(conn, pin)
+            checkpoint(conn, pin, self._payloads, self._keep_cached)
+        checkpoint(conn, pin, self._payloads, self._keep_cached)
         pin.close()
         conn.close()
-
-    def _checkpoint(self, conn: sqlite3.Connection, pin: sqlite3.Connection) -> None:
-        """Copy committed WAL frames into the database, never a row whose payload frame is not on disk: a read
-        transaction on `pin` stops the checkpoint at the commits made before it began (it may not overwrite pages
-        that snapshot reads), whose frames were all written before they committed; the payload file is synced, then
-        the checkpoint runs."""
-        try:
-            pin.execute("BEGIN")
-            pin.execute("SELECT 1 FROM records LIMIT 1").fetchall()
-            synced = self._payloads.sync()
-            conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-        except (sqlite3.Error, OSError) as exc:  # busy, or the sync failed: nothing copied, try again next round
-            log.debug("checkpoint skipped: %s", exc)
-            return
-        finally:
-            if pin.in_transaction:
-                pin.execute("COMMIT")
-        if self._keep_cached is not None:
-            try:
-                self._payloads.drop_cached(synced - self._keep_cached)
-            except OSError as exc:  # the cache stays as it is: only memory, never a record, is at stake
-                log.debug("payload pages not dropped: %s", exc)
 
     def close(self) -> None:
         """Flush pending writes and stop the writer thread."""
@@ -241,6 +249,14 @@ class RecordStore:
         self._queue.put(_STOP)
         if self._thread is not None:
             self._thread.join(timeout=30)
+        with self._lock:
+            side, self._side = self._side, None
+            if side is not None:
+                try:
+                    self._write_rows(side, [], gone=True)
+                except (sqlite3.Error, OSError) as exc:  # the frames are kept: the next store to open writes them
+                    log.warning("store %s: rows not written on close (%s); the next open writes them", self.path, exc)
+                side.close()
         self._ckpt_stop.set()
         if self._ckpt_thread is not None:
             self._ckpt_thread.join(timeout=30)
@@ -260,27 +276,6 @@ class RecordStore:
         if readonly:
             conn.execute("PRAGMA query_only=1")
         return conn
-
-    def _recover(self, conn: sqlite3.Connection) -> int:
-        rows = conn.execute("SELECT id, session_id, seq, data FROM records WHERE state = 'pending'").fetchall()
-        if not rows:
-            return 0
-        conn.execute("BEGIN")
-        bases: OrderedDict[str, bytes] = OrderedDict()
-        for rid, session_id, seq, data in rows:
-            message = "the proxy stopped before this call's reply was complete"
-            try:
-                whole = _whole(conn, self._payloads, rid, data, bases)
-                rec = orjson.loads(whole) if isinstance(whole, bytes) else whole
-            except StoreCorrupt as exc:  # a power loss took the placeholder's frame: what the row itself says
-                rec = {"id": rid, "session_id": session_id, "seq": seq, "dialect": ""}
-                message += f"; its placeholder is lost ({exc})"
-            rec["error"] = {"type": "interrupted", "message": message, "detected_at": time.time()}
-            conn.execute(
-                "UPDATE records SET state = 'done', failed = 1, data = ? WHERE id = ?", (orjson.dumps(rec), rid)
-            )
-        conn.execute("COMMIT")
-        return len(rows)
 
     # -- writes ------------------------------------------------------------------------------------------------------
 
@@ -342,68 +337,44 @@ class RecordStore:
         conn = self._connect()
         stop = False
         while not stop:
-            item = self._queue.get()
-            batch = []
-            if item is _STOP:
-                stop = True
-            else:
-                batch.append(item)
+            batch = [self._queue.get()]
             while len(batch) < self._max_batch:
                 try:
-                    nxt = self._queue.get_nowait()
+                    batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-                if nxt is _STOP:
-                    stop = True
-                    continue
-                batch.append(nxt)
+            stop = any(item is _STOP for item in batch)
+            batch = [item for item in batch if item is not _STOP]
             if batch:
                 self._write_batch(conn, batch)
         conn.close()
 
     def _write_batch(self, conn: sqlite3.Connection, batch: list[Any]) -> None:
-        error: BaseException | None = None
         ops = [op for op, _, _ in batch]
         if self._lost:  # a delta against a record whose batch failed: written whole
-            ops = [_whole_op(op) if op[0] == "record" and op[9] in self._lost else op for op in ops]
-        large = [
-            i for i, op in enumerate(ops) if op[0] == "record" and (type(op[6]) is list or len(op[6]) > INLINE_MAX)
-        ]
-        single = len(ops) == 1 and not large  # one statement is its own transaction (autocommit): no BEGIN/COMMIT
-        try:
-            if large:
-                # the payload file's end is taken under SQLite's write lock, held from here to the commit
-                conn.execute("BEGIN IMMEDIATE")
-                refs = self._payloads.append([ops[i][6] for i in large])
-                if self._fsync:
-                    self._payloads.sync()  # on disk before the commit that references it
-                for i, ref in zip(large, refs, strict=True):
-                    ops[i] = (*ops[i][:6], ref, *ops[i][7:])
-            elif not single:
-                conn.execute("BEGIN")
-            for op in ops:
-                self._apply(conn, op)
-            if not single:
-                conn.execute("COMMIT")
-        except BaseException as exc:
-            error = exc
-            if conn.in_transaction:
+            ops = [whole_op(op) if op[0] == "record" and op[9] in self._lost else op for op in ops]
+        framed = [op[0] == "record" and (type(op[6]) is list or len(op[6]) > INLINE_MAX) for op in ops]
+        rest = [op for op, f in zip(ops, framed, strict=True) if not f]
+        framed_error = rest_error = None
+        with self._lock:
+            if any(framed):
+                try:  # the commit: frames that carry their rows (module docstring, "Rows follow the frames")
+                    self._frame([op for op, f in zip(ops, framed, strict=True) if f])
+                except BaseException as exc:
+                    framed_error = self._failed(exc, [op for op, f in zip(ops, framed, strict=True) if f], batch)
+            if rest or self._fsync or len(self._rows) >= ROWS_MAX:
                 try:
-                    conn.execute("ROLLBACK")
-                except sqlite3.Error:
-                    pass
-            log.exception("store write failed (%d ops)", len(batch))
-            self._forget([op for op in ops if op[0] == "record"], batch)
-            if isinstance(
-                exc, (sqlite3.Error, OSError)
-            ):  # the disk's fault, not the caller's: a typed, retryable error
-                error = StoreWriteError(f"the record store could not write: {exc}")
-                error.__cause__ = exc
+                    self._write_rows(conn, rest)
+                except BaseException as exc:
+                    rest_error = self._failed(exc, rest, batch)
+            elif self._rows:
+                self._arm(batch)
         self.batches += 1
         self.writes += len(batch)
-        if error is None:
-            self.delta_records += sum(1 for op in ops if op[0] == "record" and op[9] is not None)
-        for _, loop, fut in batch:
+        for op, (_, loop, fut), f in zip(ops, batch, framed, strict=True):
+            error = framed_error if f else rest_error
+            if error is None and op[0] == "record" and op[9] is not None:
+                self.delta_records += 1
             if loop is None:
                 _resolve(fut, error)
                 continue
@@ -411,6 +382,81 @@ class RecordStore:
                 loop.call_soon_threadsafe(_resolve, fut, error)
             except RuntimeError:  # loop closed: nobody is waiting any more
                 pass
+
+    def _frame(self, ops: list[tuple[Any, ...]]) -> None:
+        """Append the records' frames, each with its row's fields; their rows are written later (`_write_rows`)."""
+        metas = [orjson.dumps(op[1:6]) for op in ops]  # id, session, seq, state, failed
+        refs = self._payloads.append([op[6] for op in ops], metas)
+        if self._fsync:
+            self._payloads.sync()  # on disk before `commit` returns
+        for op, ref in zip(ops, refs, strict=True):
+            self._rows[op[1]] = (op[1], op[2], op[3], op[4], op[5], ref)
+
+    def _write_rows(self, conn: sqlite3.Connection, ops: list[tuple[Any, ...]], *, gone: bool = False) -> None:
+        """One transaction: the framed records' rows not written yet, then `ops` (records kept in their rows,
+        sessions), then where this writer's next frame will be (`gone`: it writes none; it is forgotten). Called
+        with `_lock` held; the rows stay owed if it fails."""
+        rows, self._rows = self._rows, {}
+        if not rows and not gone and len(ops) <= 1:
+            if not ops:
+                return
+            self._apply(conn, ops[0])  # one statement is its own transaction (autocommit): no BEGIN/COMMIT
+            return
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany(UPSERT, rows.values())
+            for op in ops:
+                self._apply(conn, op)
+            if gone:
+                conn.execute("DELETE FROM writers WHERE writer = ?", (self._writer_id,))
+            elif rows:
+                since = self._payloads.size()
+                conn.execute("UPDATE writers SET since = ? WHERE writer = ?", (since, self._writer_id))
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                try:
+                    conn.execute("ROLLBACK")
+                except sqlite3.Error:
+                    pass
+            rows.update(self._rows)
+            self._rows = rows
+            raise
+
+    def _arm(self, batch: list[Any]) -> None:
+        """Write the rows owed within `rows_every_s`, on the event loop the batch came from."""
+        loop = next((lp for _, lp, _ in batch if lp is not None), None)
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+        if self._timer_loop is not loop:
+            self._timer_loop = loop
+            loop.call_later(self.rows_every_s, self._rows_due)
+
+    def _rows_due(self) -> None:
+        self._timer_loop = None
+        with self._lock:
+            conn = self._inline_conn if self._inline_conn is not None else self._side
+            if not self._rows or conn is None:
+                return
+            try:
+                self._write_rows(conn, [])
+            except (sqlite3.Error, OSError) as exc:  # the records are kept (their frames): try again later
+                log.warning("store %s: %d rows not written yet (%s); retrying", self.path, len(self._rows), exc)
+                self._timer_loop = asyncio.get_running_loop()
+                self._timer_loop.call_later(max(self.rows_every_s, 1.0), self._rows_due)
+
+    def _failed(self, exc: BaseException, ops: list[tuple[Any, ...]], batch: list[Any]) -> BaseException:
+        """What the callers of `ops` get: the disk's fault is a typed, retryable error; failed records are forgotten."""
+        log.exception("store write failed (%d ops)", len(ops), exc_info=exc)
+        self._forget([op for op in ops if op[0] == "record"], batch)
+        if isinstance(exc, (sqlite3.Error, OSError)):
+            error = StoreWriteError(f"the record store could not write: {exc}")
+            error.__cause__ = exc
+            return error
+        return exc
 
     def _forget(self, lost: list[tuple[Any, ...]], batch: list[Any]) -> None:
         """A failed batch's records may be keys: later deltas against them are written whole, and their sessions'
@@ -456,14 +502,29 @@ class RecordStore:
     # -- reads -------------------------------------------------------------------------------------------------------
 
     def _read(self) -> sqlite3.Connection:
+        """The reader, once every record committed to the store has its row (`write_rows`)."""
         if self._reader is None:
             raise StoreClosed(f"store {self.path} is closed")
+        self.write_rows()
         return self._reader
+
+    def write_rows(self) -> None:
+        """Write now the rows this store object owes for records it committed, and those other writers of the store
+        owe (module docstring, "Rows follow the frames"): every read here does first; a reader of the database's
+        tables itself needs it (`read_records` needs nothing)."""
+        with self._lock:
+            if self._side is not None:
+                try:
+                    if self._rows:
+                        self._write_rows(self._side, [])
+                    index_tail(self._side, self._payloads, self._writer_id)
+                except (sqlite3.Error, OSError) as exc:
+                    raise StoreWriteError(f"the record store could not write the rows it owes: {exc}") from exc
 
     def get_record(self, record_id: str) -> CompletionRecord | None:
         conn = self._read()
         row = conn.execute("SELECT data FROM records WHERE id = ?", (record_id,)).fetchone()
-        return None if row is None else _records(conn, self._payloads, [(record_id, row[0])])[0]
+        return None if row is None else records(self._payloads, [(record_id, row[0])], conn_data(conn))[0]
 
     def list_records(
         self, session_id: str, *, after_seq: int = -1, limit: int = 100, include_pending: bool = False
@@ -475,7 +536,7 @@ class RecordStore:
         sql += " ORDER BY seq LIMIT ?"
         conn = self._read()
         rows = conn.execute(sql, (session_id, after_seq, limit)).fetchall()
-        return _records(conn, self._payloads, rows)
+        return records(self._payloads, rows, conn_data(conn))
 
     def list_records_raw(self, session_id: str, *, after_seq: int = -1, limit: int = 100) -> list[bytes]:
         """Like `list_records` but the stored compact JSON, unparsed (for the HTTP API)."""
@@ -485,7 +546,7 @@ class RecordStore:
             (session_id, after_seq, limit),
         ).fetchall()
         bases: OrderedDict[str, bytes] = OrderedDict()
-        whole = [_whole(conn, self._payloads, rid, data, bases) for rid, data in rows]
+        whole = [whole_of(self._payloads, rid, data, bases, conn_data(conn)) for rid, data in rows]
         return [w if isinstance(w, bytes) else orjson.dumps(w) for w in whole]
 
     def session_stats(self, session_id: str) -> dict[str, int]:
@@ -512,60 +573,20 @@ def read_records(
     directory: str | Path, *, include_pending: bool = False, ids: Iterable[str] | None = None
 ) -> list[CompletionRecord]:
     """Every record of the store in `directory` (its `records.sqlite` and payload file), ordered by session and `seq`,
-    read through a read-only connection (a live proxy may still be writing); with `ids`, only those records, in that
-    order (an id with no record is skipped). Pending rows (calls not finished yet) are left out unless
-    `include_pending`. The one way to read a store that this process does not hold open; raises `FileNotFoundError`
-    when there is no store, `StoreCorrupt` when a record's payload is missing or damaged."""
+    read through a read-only connection (a live proxy may still be writing: the records it committed whose rows are
+    still owed are read from their frames); with `ids`, only those records, in that order (an id with no record is
+    skipped). Pending rows (calls not finished yet) are left out unless `include_pending`. The one way to read a
+    store that this process does not hold open; raises `FileNotFoundError` when there is no store, `StoreCorrupt`
+    when a record's payload is missing or damaged."""
     directory = Path(directory)
     path = directory / DB_NAME
     if not path.exists():
         raise FileNotFoundError(f"{path}: no record store")
-    state = "" if include_pending else " AND state = 'done'"
-    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
     payloads = PayloadFile(directory / PAYLOADS_NAME, writable=False)
     try:
-        conn.execute("BEGIN")  # one snapshot: the rows and the bases their deltas refer to
-        if ids is None:
-            rows = conn.execute(f"SELECT id, data FROM records WHERE 1{state} ORDER BY session_id, seq").fetchall()
-        else:
-            sql = f"SELECT id, data FROM records WHERE id = ?{state}"
-            rows = [row for rid in ids if (row := conn.execute(sql, (rid,)).fetchone()) is not None]
-        return _records(conn, payloads, rows)
+        return read_store(path, payloads, include_pending=include_pending, ids=ids)
     finally:
-        conn.close()
         payloads.close()
-
-
-def _whole_op(op: tuple[Any, ...]) -> tuple[Any, ...]:
-    """A record op written whole (its delta's base was lost with a failed batch)."""
-    return (*op[:6], record_bytes(op[8], pending=op[4] == "pending"), *op[7:9], None)
-
-
-def _whole(
-    conn: sqlite3.Connection, payloads: PayloadFile, rid: str, data: bytes, bases: OrderedDict[str, bytes]
-) -> bytes | dict[str, Any]:
-    """A row's record, whole: its stored JSON, or a session delta resolved against its base (`proxy/deltas.py`)
-    and parsed; `bases` keeps the last few bases across the rows of one read."""
-    stored = payloads.resolve(rid, data)
-    if not is_delta(stored):
-        return stored
-
-    def fetch(bid: str) -> bytes | None:
-        row = conn.execute("SELECT data FROM records WHERE id = ?", (bid,)).fetchone()
-        return None if row is None else payloads.resolve(bid, row[0])
-
-    try:
-        return resolve(stored, fetch, bases)
-    except DeltaError as exc:
-        raise StoreCorrupt(f"record {rid}: a session delta that cannot be resolved: {exc}") from exc
-
-
-def _records(
-    conn: sqlite3.Connection, payloads: PayloadFile, rows: Iterable[tuple[str, bytes]]
-) -> list[CompletionRecord]:
-    bases: OrderedDict[str, bytes] = OrderedDict()
-    wholes = (_whole(conn, payloads, rid, data, bases) for rid, data in rows)
-    return [CompletionRecord.from_json(w) if isinstance(w, bytes) else CompletionRecord.from_dict(w) for w in wholes]
 
 
 def _resolve(fut: asyncio.Future[None], error: BaseException | None) -> None:

@@ -124,9 +124,9 @@ def test_sessions_survive_restart_with_counters(tmp_path):
 
 
 def test_a_streams_final_record_updates_its_placeholder_in_place(tmp_path):
-    """The final record of a stream rewrites the placeholder's row (same rowid, no delete and re-insert of its index
-    entries); what is read back is exactly the final record. A placeholder that is gone (its write failed) still
-    gets its final record."""
+    """The final record of a stream rewrites the placeholder's row once written (same rowid, no delete and
+    re-insert of its index entries); what is read back is exactly the final record. A placeholder whose row is gone
+    still gets its final record's."""
     store = RecordStore(tmp_path).open()
     db = sqlite3.connect(tmp_path / "records.sqlite", isolation_level=None)
 
@@ -139,10 +139,13 @@ def test_a_streams_final_record_updates_its_placeholder_in_place(tmp_path):
             for i in range(3)
         ]
         await asyncio.gather(*(store.put_pending(p) for p in placeholders))
+        store.write_rows()  # rows follow the frames (store docstring): written now, not within `rows_every_s`
         before = {p.id: rowid(p.id) for p in placeholders}
         await store.commit(_rec(5))  # a later, non-streamed call takes the next rowid
+        store.write_rows()
         db.execute("DELETE FROM records WHERE id = 'r2'")  # as if the placeholder had not been written
         await asyncio.gather(*(store.commit(_rec(i, original_request={"i": i})) for i in range(3)))
+        store.write_rows()
         return before
 
     before = asyncio.run(main())

@@ -62,6 +62,7 @@ def commit_all(store: RecordStore, recs: list[CompletionRecord], *, stream: bool
             await store.commit(r)
 
     asyncio.run(main())
+    store.write_rows()  # rows follow the frames (store docstring): `stored` reads the rows
 
 
 def stored(directory: Path) -> dict[str, bytes]:
@@ -164,7 +165,9 @@ def test_a_failed_batch_takes_its_key_with_it(tmp_path, monkeypatch):
     recs = session("s", 3)
     store = RecordStore(tmp_path).open()
     original = store._payloads.append
-    monkeypatch.setattr(store._payloads, "append", lambda frames: (_ for _ in ()).throw(OSError(28, "disk full")))
+    monkeypatch.setattr(
+        store._payloads, "append", lambda frames, metas=None: (_ for _ in ()).throw(OSError(28, "disk full"))
+    )
     with pytest.raises(OSError):
         commit_all(store, recs[:1], stream=False)
     key_op = store._record_op(recs[1], "done")
@@ -174,6 +177,7 @@ def test_a_failed_batch_takes_its_key_with_it(tmp_path, monkeypatch):
     assert delta_op[9] == recs[1].id
     store._lost.add(recs[1].id)  # as if the key's batch had failed after the delta was serialised
     store._write_batch(store._inline_conn, [(delta_op, None, asyncio.Future(loop=asyncio.new_event_loop()))])
+    store.write_rows()
     assert base_of(stored(tmp_path)[recs[2].id]) is None
     assert as_json(store.get_record(recs[2].id)) == as_json(recs[2])  # type: ignore[arg-type]
     store.close()
@@ -201,6 +205,7 @@ def test_an_interrupted_delta_placeholder_is_recovered_whole(tmp_path):
         await store.put_pending(recs[2])
 
     asyncio.run(admit())
+    store.write_rows()
     assert base_of(stored(tmp_path)["s-2"]) == "s-0"  # the key its session used last
     store.close()  # the final record never came: a killed proxy's pending row
     again = RecordStore(tmp_path).open()

@@ -3,17 +3,20 @@
 a plain 500, and a stream never ends cleanly with an answer that was not kept (issue 22, the fault campaign's
 disk-full row).
 
-The disk is made full by making SQLite's write raise the error it raises on a full disk (`database or disk is full`);
+The disk is made full by making SQLite's write raise the error it raises on a full disk (`database or disk is full`)
+and the payload file's append `ENOSPC`;
 `benchmarks/faults.py` fills a real tmpfs for the same path. When the write succeeds again, so do calls.
 """
 
 from __future__ import annotations
 
+import errno
 import sqlite3
 from typing import Any
 
 import pytest
 
+from nemo_polar.proxy.payloads import PayloadFile
 from nemo_polar.proxy.store import RecordStore
 from tests.proxy.test_wrong_blame import CASES, _error_shape, _post
 
@@ -28,7 +31,14 @@ def full_disk(monkeypatch: pytest.MonkeyPatch) -> dict[str, bool]:
             raise sqlite3.OperationalError("database or disk is full")
         real(conn, op)
 
+    def append(self: PayloadFile, payloads: Any, metas: Any = None) -> list[bytes]:
+        if state["full"]:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_append(self, payloads, metas)
+
+    real_append = PayloadFile.append
     monkeypatch.setattr(RecordStore, "_apply", staticmethod(apply))
+    monkeypatch.setattr(PayloadFile, "append", append)  # a record's commit is its payload frame (store docstring)
     return state
 
 

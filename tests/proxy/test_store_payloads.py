@@ -16,17 +16,22 @@ import sys
 import textwrap
 import time
 
+import orjson
 import pytest
 
 from nemo_polar.proxy import payloads
-from nemo_polar.proxy.payloads import _REF, PayloadFile
+from nemo_polar.proxy.payloads import _REF, _RFRAME, PayloadFile
 from nemo_polar.proxy.record_json import record_bytes
 from nemo_polar.proxy.store import DB_NAME, INLINE_MAX, PAYLOADS_NAME, RecordStore, StoreCorrupt, read_records
 from nemo_polar.types import CompletionRecord
 from tests.proxy.test_payload_direct import _needs_direct_writes
 from tests.proxy.test_store import old_store_db
 
-_FRAME_HEADER = 12  # magic, length, crc32
+
+def _frame_size(rec: CompletionRecord, state: str = "done") -> int:
+    """The bytes of the store's frame of `rec`: its header, its row's fields (the meta) and its JSON."""
+    meta = orjson.dumps([rec.id, rec.session_id, rec.seq, state, 0 if rec.error is None else 1])
+    return _RFRAME.size + len(meta) + len(record_bytes(rec))
 
 
 def _rec(i: int, session: str = "s1", *, tokens: int = 2000) -> CompletionRecord:
@@ -66,9 +71,9 @@ def test_large_records_go_to_the_payload_file_small_ones_stay_inline(tmp_path, f
     store.close()
     rows = _rows(tmp_path)
     assert rows["r0"] == record_bytes(small)  # inline: the JSON itself
-    assert len(rows["r1"]) == len(rows["r2"]) == 17 and rows["r1"][:1] == b"\x01"  # a reference
+    assert len(rows["r1"]) == len(rows["r2"]) == 17 and rows["r1"][:1] == b"\x02"  # a reference to a frame with meta
     sidecar = (tmp_path / PAYLOADS_NAME).stat().st_size
-    assert sidecar == sum(_FRAME_HEADER + len(record_bytes(r)) for r in (large, _rec(2)))
+    assert sidecar == sum(_frame_size(r) for r in (large, _rec(2)))
     assert read_records(tmp_path) == [small, large, _rec(2)]
     assert [r.id for r in read_records(tmp_path, ids=["r2", "nope", "r0"])] == ["r2", "r0"]
 
@@ -85,7 +90,8 @@ def test_a_streams_placeholder_and_final_record_both_read_back(tmp_path):
 
     asyncio.run(main())
     assert [r.id for r in store.list_records("s1", include_pending=True)] == ["r0", "r1"]
-    assert _rows(tmp_path)["r0"][:1] == b"\x01"
+    store.write_rows()
+    assert _rows(tmp_path)["r0"][:1] == b"\x02"
     store.close()  # with the call still open, as a killed proxy leaves it
     store2 = RecordStore(tmp_path).open()
     got = store2.get_record("r0")
@@ -132,13 +138,13 @@ def test_a_damaged_payload_is_a_clear_error_naming_the_record(tmp_path, what, ba
     _commit_all(store, [_rec(0), _rec(1)])
     store.close()
     path = tmp_path / PAYLOADS_NAME
-    first = _FRAME_HEADER + len(record_bytes(_rec(0)))
+    first = _frame_size(_rec(0))
     if what == "torn":  # the second frame only partly on disk
-        os.truncate(path, first + _FRAME_HEADER + 100)
+        os.truncate(path, first + _RFRAME.size + 100)
     elif what == "flipped byte":
-        _damage(path, _FRAME_HEADER + 50, b"#")
+        _damage(path, first - 50, b"#")
     elif what == "overwritten header":
-        _damage(path, first, b"\0" * _FRAME_HEADER)
+        _damage(path, first, b"\0" * _RFRAME.size)
     else:
         path.unlink()
     with pytest.raises(StoreCorrupt, match=f"record '{bad}'.*{message}"):
@@ -227,14 +233,15 @@ def test_concurrent_writers_in_threads_and_processes_never_overlap(tmp_path, dir
     assert len(got) == 3 * n
     for r in got:
         assert r == _rec(r.seq, r.session_id)
-    frames = sorted(_REF.unpack(ref)[1:3] for ref in _rows(tmp_path).values())
+    sizes = {r.id: _frame_size(r) for r in got}
+    frames = sorted((_REF.unpack(ref)[1], sizes[rid]) for rid, ref in _rows(tmp_path).items())
     assert len(frames) == 3 * n
     size = (tmp_path / PAYLOADS_NAME).stat().st_size
     if direct == "off":
-        assert size == sum(_FRAME_HEADER + length for _, length in frames)  # back to back: no gap, no overlap
+        assert size == sum(length for _, length in frames)  # back to back: no gap, no overlap
     else:
         _needs_direct_writes(tmp_path)
-        ends = [offset + _FRAME_HEADER + length for offset, length in frames]
+        ends = [offset + length for offset, length in frames]
         assert all(end <= nxt for end, (nxt, _) in zip(ends, frames[1:], strict=False))  # no overlap
         assert ends[-1] <= size
         if direct == "on":

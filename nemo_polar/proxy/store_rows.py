@@ -1,0 +1,243 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The record store's rows after its frames: what a reader sees of records whose rows are not written yet, and the
+writers that owe them (`proxy/store.py`'s docstring, "Rows follow the frames").
+
+A record's payload frame carries its row's fields (`PayloadFile.append(metas=)`), so the frames past a writer's
+`since` (the `writers` table: every frame of that writer whose row is not in `records` lies at or after it) are all
+it takes to rebuild the rows it has not written: `tail_rows` reads them, `read_store` lays them over the table,
+`index_tail` writes them for another writer (a store object reading what other processes committed moments ago,
+and for a process that died before writing them). Rows written from frames never undo a newer
+row: a frame adds a row that is missing, or finishes a pending one (`UPSERT_IF_NEWER`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from nemo_polar.proxy.deltas import DeltaError, is_delta, resolve
+from nemo_polar.proxy.payloads import PayloadFile, StoreCorrupt
+from nemo_polar.proxy.record_json import record_bytes
+from nemo_polar.types import CompletionRecord
+
+__all__ = [
+    "UPSERT",
+    "UPSERT_IF_NEWER",
+    "WRITERS_SCHEMA",
+    "index_tail",
+    "proc_start",
+    "read_store",
+    "tail_rows",
+    "whole",
+    "whole_op",
+]
+__all__ += ["checkpoint", "conn_data", "interrupted", "records"]
+
+WRITERS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS writers (
+    writer TEXT PRIMARY KEY,
+    pid INTEGER NOT NULL,
+    started TEXT NOT NULL,
+    since INTEGER NOT NULL
+);
+"""
+_COLUMNS = "INSERT INTO records (id, session_id, seq, state, failed, data) VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(id)"
+_SET = (
+    " DO UPDATE SET session_id = excluded.session_id, seq = excluded.seq, state = excluded.state,"
+    " failed = excluded.failed, data = excluded.data"
+)
+UPSERT = _COLUMNS + _SET  # the writer's own rows: the last write wins (a placeholder's row updated in place)
+UPSERT_IF_NEWER = _COLUMNS + _SET + " WHERE records.state = 'pending' AND excluded.state = 'done'"
+
+log = logging.getLogger(__name__)
+
+Row = tuple[str, int, str, int, bytes]  # session_id, seq, state, failed, data
+
+
+def proc_start(pid: int) -> str:
+    """When process `pid` started (proc(5)'s `starttime`), so a reused pid is not taken for it; '' where unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return ""
+    return "" if fields[0] == "Z" else fields[19]  # a zombie has exited
+
+
+def _alive(pid: int, started: str) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        pass
+    if started and os.path.isdir("/proc"):
+        return proc_start(pid) == started
+    return True
+
+
+def tail_rows(conn: sqlite3.Connection, payloads: PayloadFile, *, exclude: str | None = None) -> dict[str, Row]:
+    """The rows the frames past every writer's `since` say (but `exclude`'s), by record id: a record's last final
+    frame, else its last placeholder; {} where no writer owes rows (or the store predates the `writers` table)."""
+    try:
+        (start,) = conn.execute("SELECT MIN(since) FROM writers WHERE writer != ?", (exclude or "",)).fetchone()
+    except sqlite3.OperationalError:
+        return {}
+    out: dict[str, Row] = {}
+    if start is None:
+        return out
+    for meta, ref in payloads.scan(start):
+        try:
+            rid, session_id, seq, state, failed = orjson.loads(meta)
+        except (orjson.JSONDecodeError, ValueError, TypeError):
+            continue
+        if state == "done" or out.get(rid, ("", 0, "pending"))[2] != "done":
+            out[rid] = (session_id, seq, state, failed, ref)
+    return out
+
+
+def index_tail(conn: sqlite3.Connection, payloads: PayloadFile, me: str) -> int:
+    """Write the rows other writers owe (`tail_rows`), never undoing a newer row; how many frames that took. Then
+    forget the writers whose process has exited (their frames are all in `records` now)."""
+    rows = tail_rows(conn, payloads, exclude=me)
+    writers = conn.execute("SELECT writer, pid, started FROM writers WHERE writer != ?", (me,)).fetchall()
+    dead = [(w,) for w, pid, started in writers if not _alive(pid, started)]
+    if not rows and not dead:
+        return 0
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.executemany(UPSERT_IF_NEWER, [(rid, *row) for rid, row in rows.items()])
+        conn.executemany("DELETE FROM writers WHERE writer = ?", dead)
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise
+    return len(rows)
+
+
+def read_store(
+    path: Path, payloads: PayloadFile, *, include_pending: bool = False, ids: Iterable[str] | None = None
+) -> list[CompletionRecord]:
+    """`proxy.store.read_records` of the database at `path` with its payload file: the rows, with the frames past
+    every writer's `since` laid over them (a live writer's records that have no row yet)."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
+    try:
+        conn.execute("BEGIN")  # one snapshot: the rows, the writers' `since` and the bases their deltas refer to
+        table: dict[str, Row] = {
+            rid: (sid, seq, state, failed, data)
+            for rid, sid, seq, state, failed, data in conn.execute(
+                "SELECT id, session_id, seq, state, failed, data FROM records"
+            )
+        }
+        for rid, row in tail_rows(conn, payloads).items():
+            if row[2] == "done" or rid not in table:
+                table[rid] = row
+        wanted = [rid for rid, row in table.items() if include_pending or row[2] == "done"]
+        if ids is None:
+            wanted.sort(key=lambda rid: (table[rid][0], table[rid][1]))
+        else:
+            keep = set(wanted)
+            wanted = [rid for rid in ids if rid in keep]
+        return records(payloads, [(rid, table[rid][4]) for rid in wanted], lambda bid: _data(table, bid))
+    finally:
+        conn.close()
+
+
+def _data(table: dict[str, Row], rid: str) -> bytes | None:
+    row = table.get(rid)
+    return None if row is None else row[4]
+
+
+def whole(
+    payloads: PayloadFile, rid: str, data: bytes, bases: OrderedDict[str, bytes], row_data: Any
+) -> bytes | dict[str, Any]:
+    """A row's record, whole: its stored JSON, or a session delta resolved against its base (`proxy/deltas.py`)
+    and parsed; `row_data(id)` is the `data` of another record's row (None: no such record); `bases` keeps the last
+    few bases across the rows of one read."""
+    stored = payloads.resolve(rid, data)
+    if not is_delta(stored):
+        return stored
+
+    def fetch(bid: str) -> bytes | None:
+        base = row_data(bid)
+        return None if base is None else payloads.resolve(bid, base)
+
+    try:
+        return resolve(stored, fetch, bases)
+    except DeltaError as exc:
+        raise StoreCorrupt(f"record {rid}: a session delta that cannot be resolved: {exc}") from exc
+
+
+def records(payloads: PayloadFile, rows: Iterable[tuple[str, bytes]], row_data: Any) -> list[CompletionRecord]:
+    """The records of `rows` (id, row `data`), whole (`whole`)."""
+    bases: OrderedDict[str, bytes] = OrderedDict()
+    wholes = (whole(payloads, rid, data, bases, row_data) for rid, data in rows)
+    return [CompletionRecord.from_json(w) if isinstance(w, bytes) else CompletionRecord.from_dict(w) for w in wholes]
+
+
+def conn_data(conn: sqlite3.Connection) -> Callable[[str], bytes | None]:
+    """Another record's row `data` by id, read through `conn` (a delta's base; None: no such record)."""
+
+    def data(rid: str) -> bytes | None:
+        row = conn.execute("SELECT data FROM records WHERE id = ?", (rid,)).fetchone()
+        return None if row is None else row[0]
+
+    return data
+
+
+def interrupted(conn: sqlite3.Connection, payloads: PayloadFile) -> int:
+    """Turn the pending rows a killed process left into failure records (`error.type == "interrupted"`, with the
+    original request their placeholder kept); how many."""
+    rows = conn.execute("SELECT id, session_id, seq, data FROM records WHERE state = 'pending'").fetchall()
+    if not rows:
+        return 0
+    conn.execute("BEGIN")
+    bases: OrderedDict[str, bytes] = OrderedDict()
+    for rid, session_id, seq, data in rows:
+        message = "the proxy stopped before this call's reply was complete"
+        try:
+            stored = whole(payloads, rid, data, bases, conn_data(conn))
+            rec = orjson.loads(stored) if isinstance(stored, bytes) else stored
+        except StoreCorrupt as exc:  # a power loss took the placeholder's frame: what the row itself says
+            rec = {"id": rid, "session_id": session_id, "seq": seq, "dialect": ""}
+            message += f"; its placeholder is lost ({exc})"
+        rec["error"] = {"type": "interrupted", "message": message, "detected_at": time.time()}
+        conn.execute("UPDATE records SET state = 'done', failed = 1, data = ? WHERE id = ?", (orjson.dumps(rec), rid))
+    conn.execute("COMMIT")
+    return len(rows)
+
+
+def checkpoint(conn: sqlite3.Connection, pin: sqlite3.Connection, payloads: PayloadFile, keep: int | None) -> None:
+    """Copy committed WAL frames into the database, never a row whose payload frame is not on disk: a read
+    transaction on `pin` stops the checkpoint at the commits made before it began (it may not overwrite pages
+    that snapshot reads), whose frames were all written before they committed; the payload file is synced, then
+    the checkpoint runs. Then the payload file's pages more than `keep` bytes behind the synced end leave the page
+    cache (None: the OS decides)."""
+    try:
+        pin.execute("BEGIN")
+        pin.execute("SELECT 1 FROM records LIMIT 1").fetchall()
+        synced = payloads.sync()
+        conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+    except (sqlite3.Error, OSError) as exc:  # busy, or the sync failed: nothing copied, try again next round
+        log.debug("checkpoint skipped: %s", exc)
+        return
+    finally:
+        if pin.in_transaction:
+            pin.execute("COMMIT")
+    if keep is not None:
+        try:
+            payloads.drop_cached(synced - keep)
+        except OSError as exc:  # the cache stays as it is: only memory, never a record, is at stake
+            log.debug("payload pages not dropped: %s", exc)
+
+
+def whole_op(op: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A store's record op written whole (its delta's base was lost with a failed batch)."""
+    return (*op[:6], record_bytes(op[8], pending=op[4] == "pending"), *op[7:9], None)
