@@ -6,26 +6,22 @@ part leaves (docs/contracts.md, "Durability"). Concurrent commits are batched: e
 event loop is written together, so 64 concurrent replies cost one write, not 64. Token arrays are stored compactly
 (`CompletionRecord.to_json(compact=True)`: base64 int32/float64).
 
-Layout. `records.sqlite` holds one small row per record (id, session, seq, state) and the sessions;
-`records.sqlite-payloads` beside it holds each record's JSON of more than `INLINE_MAX` bytes (17-118 KB on the
-long-stream mix) as a frame (`proxy/payloads.py`): a header (magic, lengths, crc32s), the row's fields (the meta), then
-the bytes. The row's `data` is then a 17-byte reference (a tag byte JSON never starts with, the frame's offset, length
-and crc32); a smaller record's JSON stays in `data`, as every record of a store written before the payload file does,
-and both read the same. Out of SQLite a large record is written once (not into overflow pages, then the WAL, then again
-by the checkpoint; docs/performance.md, "Records"). Every read checks the frame against the reference; a torn,
-truncated or missing payload is `StoreCorrupt` naming the record, never other bytes. The file only grows: a
-placeholder's frame, and the bytes of a write that failed or whose process died in it, are garbage no row points to.
-Copy or archive the directory, not the database alone.
+Layout. `records.sqlite` holds one small row per record (id, session, seq, state) and the sessions; the payload file
+`records.sqlite-payloads` beside it each record's JSON of more than `INLINE_MAX` bytes as a frame (`proxy/payloads.py`:
+a header, the row's fields, the bytes), to which the row's `data` holds a 17-byte reference; a smaller record's JSON
+stays in `data`, as every record of a store written before the payload file does. Out of SQLite a large record is
+written once (not into overflow pages, the WAL, then the database; docs/performance.md, "Records"). Every read checks
+the frame against the reference: a torn, truncated or missing payload is `StoreCorrupt` naming the record. The file
+only grows (a placeholder's frame, and bytes of a write that failed or died, are garbage no row points to): copy or
+archive the directory, not the database alone.
 
 Rows follow the frames. A record with a frame is committed when its frame is written (in the OS; fsynced first with
-`fsync`): its row is written later, with the other rows owed, in one transaction at most `ROWS_EVERY_S` after (or
-when `ROWS_MAX` are owed, or before any read through this object: `write_rows`). At one call at a time that is one
-transaction every 50 ms instead of one or two a call, at 64 one instead of dozens, and a stream whose final record
-comes within the window never writes its placeholder's row (docs/performance.md, "Rows after their frames"). Nothing
-is lost or hidden meanwhile: the frame carries its row's fields, and the `writers` table says where each open store
-object's rowless frames begin (`since`, moved at each of its transactions), so `read_records` lays the frames past it
-over the table, a store object writes the rows another writer still owes before it reads (`store_rows.index_tail`),
-and `open` writes those a killed process owed before its pending rows become failures.
+`fsync`); its row is written later with the others owed, in one transaction within `ROWS_EVERY_S` (or at `ROWS_MAX`
+owed, or before any read through this object: `write_rows`), and a stream finished within that window never writes
+its placeholder's row (docs/performance.md, "Rows after their frames"). Nothing is hidden meanwhile: a frame carries
+its row's fields, and the `writers` table says where each open store object's rowless frames begin (`since`), so
+`read_records` lays the frames past it over the table, a store object writes the rows others owe before it reads,
+and `open` writes those a killed process owed before its pending rows become failures (`store_rows`).
 
 Writers. Several processes may write one store (a rollout server and its gateways, tools). Frames are appended under
 an exclusive `flock` of the payload file, held while its end is read and the frames written there (`PayloadFile`:
@@ -76,11 +72,12 @@ from nemo_polar.proxy.store_rows import (
     WRITERS_SCHEMA,
     checkpoint,
     conn_data,
+    hold_writer,
     index_tail,
     interrupted,
-    proc_start,
     read_store,
     records,
+    release_writer,
     whole_op,
 )
 from nemo_polar.proxy.store_rows import whole as whole_of
@@ -95,6 +92,7 @@ PAGE_SIZE = 4096  # bytes per SQLite page of a new database (module docstring)
 # committed alone and 25-30 % less in the payload file in batches of 16, 12 KB already 25 % less alone
 DB_NAME = "records.sqlite"
 PAYLOADS_NAME = DB_NAME + "-payloads"  # the append-only payload file beside it (module docstring)
+WRITERS_DIR = DB_NAME + "-writers"  # a lock file per open store object (`store_rows.hold_writer`)
 INLINE_MAX = 4096
 ROWS_EVERY_S = 0.05  # the longest a framed record waits for its row (module docstring, "Rows follow the frames")
 ROWS_MAX = 4096  # rows owed that are written at once, whatever the time
@@ -187,6 +185,8 @@ class RecordStore:
         self._lock = threading.Lock()  # the frames' rows, their connection and `_side`
         self._writer_id = uuid.uuid4().hex
         self._side: sqlite3.Connection | None = None  # registration, other writers' rows, the rows of `close`
+        self._locks = self.directory / WRITERS_DIR
+        self._lock_fd = -1  # this writer's lock while it is open (`store_rows.hold_writer`)
         self._timer_loop: asyncio.AbstractEventLoop | None = None  # the loop a row flush is due on
         self.rows_every_s = ROWS_EVERY_S
         self._closed = True
@@ -204,16 +204,17 @@ class RecordStore:
         self._payloads.sync()
         conn = self._side = self._connect()
         conn.executescript(_SCHEMA)
+        self._lock_fd = hold_writer(self._locks, self._writer_id)
         # registered before its first frame: every frame of this store object without its row is past `since`
         conn.execute(
-            "INSERT INTO writers (writer, pid, started, since) VALUES (?, ?, ?, ?)",
-            (self._writer_id, os.getpid(), proc_start(os.getpid()), self._payloads.size()),
+            "INSERT INTO writers (writer, pid, since) VALUES (?, ?, ?)",
+            (self._writer_id, os.getpid(), self._payloads.size()),
         )
-        index_tail(conn, self._payloads, self._writer_id)  # rows a killed writer owed, before its pending rows
+        index_tail(conn, self._payloads, self._writer_id, self._locks)  # rows a killed writer owed; then its pending
         recovered = interrupted(conn, self._payloads)
         if recovered:
             log.warning(
-                "store %s: %d interrupted call(s) from a previous run recorded as failures", self.path, recovered
+                "store %s: %d interrupted call(s) of a previous run recorded as failures", self.path, recovered
             )
         self._reader = self._connect(readonly=True)
         self._closed = False
@@ -257,6 +258,7 @@ class RecordStore:
                 except (sqlite3.Error, OSError) as exc:  # the frames are kept: the next store to open writes them
                     log.warning("store %s: rows not written on close (%s); the next open writes them", self.path, exc)
                 side.close()
+                release_writer(self._locks, self._writer_id, self._lock_fd)
         self._ckpt_stop.set()
         if self._ckpt_thread is not None:
             self._ckpt_thread.join(timeout=30)
@@ -393,9 +395,8 @@ class RecordStore:
             self._rows[op[1]] = (op[1], op[2], op[3], op[4], op[5], ref)
 
     def _write_rows(self, conn: sqlite3.Connection, ops: list[tuple[Any, ...]], *, gone: bool = False) -> None:
-        """One transaction: the framed records' rows not written yet, then `ops` (records kept in their rows,
-        sessions), then where this writer's next frame will be (`gone`: it writes none; it is forgotten). Called
-        with `_lock` held; the rows stay owed if it fails."""
+        """One transaction (`_lock` held): the rows owed, `ops` (inline records, sessions), where this writer's next
+        frame will be (`gone`: none; the writer is forgotten). The rows stay owed if it fails."""
         rows, self._rows = self._rows, {}
         if not rows and not gone and len(ops) <= 1:
             if not ops:
@@ -517,7 +518,7 @@ class RecordStore:
                 try:
                     if self._rows:
                         self._write_rows(self._side, [])
-                    index_tail(self._side, self._payloads, self._writer_id)
+                    index_tail(self._side, self._payloads, self._writer_id, self._locks)
                 except (sqlite3.Error, OSError) as exc:
                     raise StoreWriteError(f"the record store could not write the rows it owes: {exc}") from exc
 

@@ -12,6 +12,8 @@ row: a frame adds a row that is missing, or finishes a pending one (`UPSERT_IF_N
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import logging
 import os
 import sqlite3
@@ -32,9 +34,10 @@ __all__ = [
     "UPSERT",
     "UPSERT_IF_NEWER",
     "WRITERS_SCHEMA",
+    "hold_writer",
     "index_tail",
-    "proc_start",
     "read_store",
+    "release_writer",
     "tail_rows",
     "whole",
     "whole_op",
@@ -45,7 +48,6 @@ WRITERS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS writers (
     writer TEXT PRIMARY KEY,
     pid INTEGER NOT NULL,
-    started TEXT NOT NULL,
     since INTEGER NOT NULL
 );
 """
@@ -62,25 +64,37 @@ log = logging.getLogger(__name__)
 Row = tuple[str, int, str, int, bytes]  # session_id, seq, state, failed, data
 
 
-def proc_start(pid: int) -> str:
-    """When process `pid` started (proc(5)'s `starttime`), so a reused pid is not taken for it; '' where unknown."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return ""
-    return "" if fields[0] == "Z" else fields[19]  # a zombie has exited
+def hold_writer(locks: Path, writer: str) -> int:
+    """Take `writer`'s lock: a file in `locks` under an exclusive `flock` for as long as the returned descriptor is
+    open (a process that dies lets go of it), taken before the writer's row is written, so a writer with a row whose
+    lock is free has exited (`_alive`). Unlike a pid it holds across pid namespaces and reused pids."""
+    locks.mkdir(exist_ok=True)
+    fd = os.open(locks / writer, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
 
 
-def _alive(pid: int, started: str) -> bool:
+def release_writer(locks: Path, writer: str, fd: int) -> None:
+    """Let go of `hold_writer`'s lock (after the writer's row is gone) and remove its file."""
+    with contextlib.suppress(OSError):
+        os.unlink(locks / writer)
+    os.close(fd)
+
+
+def _alive(locks: Path, writer: str) -> bool:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        fd = os.open(locks / writer, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
+    except FileNotFoundError:
         return False
-    except PermissionError:  # another user's process: alive
-        pass
-    if started and os.path.isdir("/proc"):
-        return proc_start(pid) == started
-    return True
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(locks / writer)
+    return False
 
 
 def tail_rows(conn: sqlite3.Connection, payloads: PayloadFile, *, exclude: str | None = None) -> dict[str, Row]:
@@ -103,12 +117,12 @@ def tail_rows(conn: sqlite3.Connection, payloads: PayloadFile, *, exclude: str |
     return out
 
 
-def index_tail(conn: sqlite3.Connection, payloads: PayloadFile, me: str) -> int:
+def index_tail(conn: sqlite3.Connection, payloads: PayloadFile, me: str, locks: Path) -> int:
     """Write the rows other writers owe (`tail_rows`), never undoing a newer row; how many frames that took. Then
     forget the writers whose process has exited (their frames are all in `records` now)."""
     rows = tail_rows(conn, payloads, exclude=me)
-    writers = conn.execute("SELECT writer, pid, started FROM writers WHERE writer != ?", (me,)).fetchall()
-    dead = [(w,) for w, pid, started in writers if not _alive(pid, started)]
+    writers = conn.execute("SELECT writer FROM writers WHERE writer != ?", (me,)).fetchall()
+    dead = [(w,) for (w,) in writers if not _alive(locks, w)]
     if not rows and not dead:
         return 0
     conn.execute("BEGIN IMMEDIATE")

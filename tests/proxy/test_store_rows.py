@@ -13,7 +13,7 @@ import sqlite3
 import orjson
 
 from nemo_polar.proxy.payloads import PayloadFile
-from nemo_polar.proxy.store import DB_NAME, PAYLOADS_NAME, RecordStore, read_records
+from nemo_polar.proxy.store import DB_NAME, PAYLOADS_NAME, WRITERS_DIR, RecordStore, read_records
 from tests.proxy.test_store_payloads import _child, _rec
 
 
@@ -83,9 +83,18 @@ def test_another_store_objects_fresh_records_are_read_here(tmp_path):
 
     asyncio.run(finish())
     assert b.get_record("r2") == _rec(2)  # a's final record replaces the placeholder row b wrote
+    locks = tmp_path / WRITERS_DIR
+    assert _writers(tmp_path) == 2 and len(os.listdir(locks)) == 2  # both alive: a holds its lock
     a.close()
     assert _table(tmp_path) == {"r0": "done", "r1": "done", "r2": "done"}
+    assert _writers(tmp_path) == 1 and len(os.listdir(locks)) == 1
     b.close()
+    assert _writers(tmp_path) == 0 and os.listdir(locks) == []
+
+
+def _writers(directory) -> int:
+    with sqlite3.connect(f"file:{directory / DB_NAME}?mode=ro", uri=True) as db:
+        return db.execute("SELECT COUNT(*) FROM writers").fetchone()[0]
 
 
 def test_a_killed_writers_rows_are_written_by_the_next_open(tmp_path):
