@@ -1,11 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """The record store's payload file (`records.sqlite-payloads`): large records' JSON, appended as checksummed frames.
 
-A frame is a 12-byte header (magic `PLRP`, the payload's length, its crc32) and the payload. The store's row for the
-record keeps a 17-byte reference to it (a tag byte JSON never starts with, the frame's offset, the payload's length
-and crc32), so a read checks the frame against what the row says: a torn, truncated, overwritten or missing payload
-is `StoreCorrupt` naming the record, never other bytes. Appends are made by whoever holds SQLite's write lock, so
-writers in several processes never take the same offset. Why the payloads live here and not in the rows, and how
+A frame is a 12-byte header (magic `PLRP`, the payload's length, its crc32) and the payload; the record store's frames
+also carry their row's fields (magic `PLRR`, an 18-byte header with the meta's length and crc32, the meta, then the
+payload), so the rows can be rebuilt from the file (`scan`). The store's row for the record keeps a 17-byte reference
+to it (a tag byte JSON never starts with, the frame's offset, the payload's length and crc32), so a read checks the
+frame against what the row says: a torn, truncated, overwritten or missing payload is `StoreCorrupt` naming the
+record, never other bytes. Appends take an exclusive `flock` of the file, so writers in several processes never take
+the same offset. Why the payloads live here and not in the rows, and how
 the file keeps the store's durability: `proxy/store.py`'s docstring and docs/contracts.md, "Storage".
 """
 
@@ -132,7 +134,7 @@ class StoreCorrupt(PolarError, RuntimeError):
 
 
 class PayloadFile:
-    """The store's payload file: frames appended at its end by whoever holds SQLite's write lock, read by reference.
+    """The store's payload file: frames appended at its end under an exclusive `flock`, read by reference.
 
     One descriptor per store object, opened on first use (read-only where the store is only read: a store whose
     records are all inline has no payload file).
