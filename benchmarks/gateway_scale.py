@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import os
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -35,6 +34,8 @@ import aiohttp
 import proxy_overhead as po
 from _tables import note, table
 from _workdir import release
+
+from nemo_polar.proxy.store import read_records
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -108,11 +109,8 @@ async def _drive(url: str, keys: list[str], body: bytes, concurrency: int, n: in
 
 
 def _records(work: str) -> int:
-    conn = sqlite3.connect(f"file:{work}/records.sqlite?mode=ro", uri=True)
-    try:
-        return int(conn.execute("SELECT COUNT(*) FROM records WHERE state = 'done' AND failed = 0").fetchone()[0])
-    finally:
-        conn.close()
+    """Records committed without error so far (`read_records`: a live proxy's newest rows may still be owed)."""
+    return sum(1 for r in read_records(work) if r.error is None)
 
 
 def main() -> int:

@@ -70,6 +70,7 @@ from nemo_polar.proxy.record_json import record_bytes, record_dict
 from nemo_polar.proxy.store_rows import (
     UPSERT,
     WRITERS_SCHEMA,
+    apply_op,
     checkpoint,
     conn_data,
     hold_writer,
@@ -187,6 +188,7 @@ class RecordStore:
         self._side: sqlite3.Connection | None = None  # registration, other writers' rows, the rows of `close`
         self._locks = self.directory / WRITERS_DIR
         self._lock_fd = -1  # this writer's lock while it is open (`store_rows.hold_writer`)
+        self._since: int | None = None  # this writer's `since` as last written (None: no row owed)
         self._timer_loop: asyncio.AbstractEventLoop | None = None  # the loop a row flush is due on
         self.rows_every_s = ROWS_EVERY_S
         self._closed = True
@@ -205,13 +207,16 @@ class RecordStore:
         conn = self._side = self._connect()
         conn.executescript(_SCHEMA)
         self._lock_fd = hold_writer(self._locks, self._writer_id)
-        # registered before its first frame: every frame of this store object without its row is past `since`
-        conn.execute(
-            "INSERT INTO writers (writer, pid, since) VALUES (?, ?, ?)",
-            (self._writer_id, os.getpid(), self._payloads.size()),
-        )
-        index_tail(conn, self._payloads, self._writer_id, self._locks)  # rows a killed writer owed; then its pending
-        recovered = interrupted(conn, self._payloads)
+        try:  # registered before its first frame: every frame of this store object without its row is past `since`
+            self._since = None  # no row owed: no frame to look for (`_frame` sets it before this writer's next)
+            conn.execute("INSERT INTO writers VALUES (?, ?, NULL)", (self._writer_id, os.getpid()))
+            index_tail(conn, self._payloads, self._writer_id, self._locks)  # a killed writer's rows; then its pending
+            recovered = interrupted(conn, self._payloads)
+        except BaseException:
+            conn.close()
+            self._side = None
+            release_writer(self._locks, self._writer_id, self._lock_fd)
+            raise
         if recovered:
             log.warning(
                 "store %s: %d interrupted call(s) of a previous run recorded as failures", self.path, recovered
@@ -254,7 +259,7 @@ class RecordStore:
             side, self._side = self._side, None
             if side is not None:
                 try:
-                    self._write_rows(side, [], gone=True)
+                    self._write_rows(side, [], gone=self._thread is None or not self._thread.is_alive())
                 except (sqlite3.Error, OSError) as exc:  # the frames are kept: the next store to open writes them
                     log.warning("store %s: rows not written on close (%s); the next open writes them", self.path, exc)
                 side.close()
@@ -355,26 +360,32 @@ class RecordStore:
         ops = [op for op, _, _ in batch]
         if self._lost:  # a delta against a record whose batch failed: written whole
             ops = [whole_op(op) if op[0] == "record" and op[9] in self._lost else op for op in ops]
-        framed = [op[0] == "record" and (type(op[6]) is list or len(op[6]) > INLINE_MAX) for op in ops]
-        rest = [op for op, f in zip(ops, framed, strict=True) if not f]
+        # a record's last op in the batch (a placeholder's final) is the one written; its ops all get its outcome
+        last = {op[1]: i for i, op in enumerate(ops) if op[0] == "record"}
+        kept = [op for i, op in enumerate(ops) if op[0] != "record" or last[op[1]] == i]
+        framed = [op for op in kept if op[0] == "record" and (type(op[6]) is list or len(op[6]) > INLINE_MAX)]
+        rest = [op for op in kept if not any(op is f for f in framed)]
         framed_error = rest_error = None
         with self._lock:
-            if any(framed):
+            if framed:
                 try:  # the commit: frames that carry their rows (module docstring, "Rows follow the frames")
-                    self._frame([op for op, f in zip(ops, framed, strict=True) if f])
+                    self._frame(conn, framed)
                 except BaseException as exc:
-                    framed_error = self._failed(exc, [op for op, f in zip(ops, framed, strict=True) if f], batch)
+                    framed_error = self._failed(exc, framed, batch)
             if rest or self._fsync or len(self._rows) >= ROWS_MAX:
                 try:
                     self._write_rows(conn, rest)
                 except BaseException as exc:
                     rest_error = self._failed(exc, rest, batch)
+                    if self._fsync and framed and framed_error is None:  # their rows are part of their commit
+                        framed_error = self._failed(exc, framed, batch)
             elif self._rows:
                 self._arm(batch)
         self.batches += 1
         self.writes += len(batch)
-        for op, (_, loop, fut), f in zip(ops, batch, framed, strict=True):
-            error = framed_error if f else rest_error
+        in_frames = {op[1] for op in framed}
+        for op, (_, loop, fut) in zip(ops, batch, strict=True):
+            error = framed_error if op[0] == "record" and op[1] in in_frames else rest_error
             if error is None and op[0] == "record" and op[9] is not None:
                 self.delta_records += 1
             if loop is None:
@@ -385,8 +396,13 @@ class RecordStore:
             except RuntimeError:  # loop closed: nobody is waiting any more
                 pass
 
-    def _frame(self, ops: list[tuple[Any, ...]]) -> None:
+    def _frame(self, conn: sqlite3.Connection, ops: list[tuple[Any, ...]]) -> None:
         """Append the records' frames, each with its row's fields; their rows are written later (`_write_rows`)."""
+        # the first frame to owe a row (not with `fsync`: rows are written before `commit` returns): readers look
+        # for this writer's frames from here
+        if self._since is None and not self._fsync:
+            self._since = self._payloads.size()
+            conn.execute("UPDATE writers SET since = ? WHERE writer = ?", (self._since, self._writer_id))
         metas = [orjson.dumps(op[1:6]) for op in ops]  # id, session, seq, state, failed
         refs = self._payloads.append([op[6] for op in ops], metas)
         if self._fsync:
@@ -410,10 +426,11 @@ class RecordStore:
                 self._apply(conn, op)
             if gone:
                 conn.execute("DELETE FROM writers WHERE writer = ?", (self._writer_id,))
-            elif rows:
-                since = self._payloads.size()
-                conn.execute("UPDATE writers SET since = ? WHERE writer = ?", (since, self._writer_id))
+            elif rows:  # nothing owed any more: readers look for none of this writer's frames
+                conn.execute("UPDATE writers SET since = NULL WHERE writer = ?", (self._writer_id,))
             conn.execute("COMMIT")
+            if rows:
+                self._since = None
         except BaseException:
             if conn.in_transaction:
                 try:
@@ -475,30 +492,7 @@ class RecordStore:
         except RuntimeError:  # the loop is closed: nobody writes any more
             pass
 
-    @staticmethod
-    def _apply(conn: sqlite3.Connection, op: tuple[Any, ...]) -> None:
-        if op[0] == "record":
-            _, rid, session_id, seq, state, failed, data, update = op[:8]
-            # a placeholder's row is updated in place: its index entries stay, where INSERT OR REPLACE deletes the
-            # row and both index entries and inserts them again (a 1k-prompt stream at concurrency 1: ~25 % less
-            # CPU). No such row (the placeholder's write failed): a plain insert.
-            if update and (
-                conn.execute(
-                    "UPDATE records SET state = ?, failed = ?, data = ? WHERE id = ? AND session_id = ? AND seq = ?",
-                    (state, failed, data, rid, session_id, seq),
-                ).rowcount
-            ):
-                return
-            conn.execute(
-                "INSERT OR REPLACE INTO records (id, session_id, seq, state, failed, data) VALUES (?, ?, ?, ?, ?, ?)",
-                (rid, session_id, seq, state, failed, data),
-            )
-        elif op[0] == "session":
-            conn.execute(
-                "INSERT OR REPLACE INTO sessions (session_id, api_key, created_at, data) VALUES (?, ?, ?, ?)", op[1:]
-            )
-        else:  # pragma: no cover - programming error
-            raise ValueError(f"unknown store op {op[0]!r}")
+    _apply = staticmethod(apply_op)  # one op's statements (`store_rows.apply_op`)
 
     # -- reads -------------------------------------------------------------------------------------------------------
 

@@ -132,3 +132,61 @@ def test_the_scan_finds_every_intact_frame_past_torn_bytes_and_padding(tmp_path)
     assert list(pf.scan(len(b'{"a":1}'))) == found[1:]  # from inside a frame: the next one on
     assert [orjson.loads(m) for m, _ in pf.scan(os.path.getsize(pf.path) - 5)] == []
     pf.close()
+
+
+def test_a_placeholder_and_its_final_in_one_batch_leave_the_final(tmp_path):
+    """A small placeholder (kept in its row) and its large final record (a frame) in one writer-thread batch: the
+    last op of a record is the one written, whatever is framed."""
+    store = RecordStore(tmp_path, fsync=True).open()
+    small = _rec(0, tokens=10)
+    ops = [store._record_op(small, "pending"), store._record_op(_rec(0), "done", update=True)]
+    loop = asyncio.new_event_loop()
+    futs = [loop.create_future() for _ in ops]
+    store._write_batch(store._side, [(op, None, fut) for op, fut in zip(ops, futs, strict=True)])
+    assert all(f.done() and f.exception() is None for f in futs)
+    assert read_records(tmp_path) == [_rec(0)] and store.get_record("r0") == _rec(0)
+    assert _table(tmp_path) == {"r0": "done"}
+    store.close()
+    loop.close()
+
+
+def test_a_live_writers_final_replaces_the_failure_an_open_made_of_its_placeholder(tmp_path):
+    a = RecordStore(tmp_path).open()
+    a.rows_every_s = 3600.0
+
+    async def admit():
+        await a.put_pending(_rec(0))
+
+    asyncio.run(admit())
+    a.write_rows()
+    b = RecordStore(tmp_path).open()  # takes a's pending row for a killed run's: an interrupted failure
+    assert b.get_record("r0").error["type"] == "interrupted"
+
+    async def finish():
+        await a.commit(_rec(0))
+
+    asyncio.run(finish())  # a's final record: a frame whose row a still owes
+    assert read_records(tmp_path) == [_rec(0)]
+    assert b.get_record("r0") == _rec(0)  # b writes a's row over the failure
+    a.close()
+    b.close()
+    assert read_records(tmp_path) == [_rec(0)]
+
+
+def test_a_writer_that_owes_no_row_makes_no_reader_scan(tmp_path):
+    idle = RecordStore(tmp_path).open()
+    a = RecordStore(tmp_path).open()
+    a.rows_every_s = 3600.0
+
+    async def main():
+        await asyncio.gather(*(a.commit(_rec(i)) for i in range(3)))
+
+    asyncio.run(main())
+    with sqlite3.connect(f"file:{tmp_path / DB_NAME}?mode=ro", uri=True) as db:
+        assert sorted(s is None for (s,) in db.execute("SELECT since FROM writers")) == [False, True]
+    a.write_rows()
+    with sqlite3.connect(f"file:{tmp_path / DB_NAME}?mode=ro", uri=True) as db:
+        assert [s for (s,) in db.execute("SELECT since FROM writers")] == [None, None]  # nothing to look for
+    assert read_records(tmp_path) == [_rec(i) for i in range(3)]
+    idle.close()
+    a.close()
