@@ -19,9 +19,10 @@ Rows follow the frames. A record with a frame is committed when its frame is wri
 `fsync`); its row is written later with the others owed, in one transaction within `ROWS_EVERY_S` (or at `ROWS_MAX`
 owed, or before any read through this object: `write_rows`), and a stream finished within that window never writes
 its placeholder's row (docs/performance.md, "Rows after their frames"). Nothing is hidden meanwhile: a frame carries
-its row's fields, and the `writers` table says where each open store object's rowless frames begin (`since`), so
-`read_records` lays the frames past it over the table, a store object writes the rows others owe before it reads,
-and `open` writes those a killed process owed before its pending rows become failures (`store_rows`).
+its row's fields, and the `writers` table says where each open store object's rowless frames begin (`since`, NULL
+while it owes no row), so `read_records` lays the frames past it over the table, a store object writes the rows
+others owe before it reads, and `open` writes those a killed process owed before its pending rows become failures
+(`store_rows`). With `fsync` the rows are written before `commit` returns.
 
 Writers. Several processes may write one store (a rollout server and its gateways, tools). Frames are appended under
 an exclusive `flock` of the payload file, held while its end is read and the frames written there (`PayloadFile`:
