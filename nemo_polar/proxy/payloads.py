@@ -45,6 +45,7 @@ _MAGIC = b"PLRP"
 # the payload, the meta's length and crc32, then the meta (the row's fields as JSON), then the payload
 _RFRAME = struct.Struct("<4sIIHI")
 _RMAGIC = b"PLRR"
+_VOID = b"PLRV"  # a frame with a meta whose commit failed after it was written (`void`)
 # what a row's `data` holds for a payload in the file: a tag byte JSON never starts with (1: a plain frame, 2: a frame
 # with its meta), the frame's offset, the payload's length and crc32 (a frame that is valid but not this record's,
 # e.g. in a replaced file, is refused too)
@@ -233,6 +234,20 @@ class PayloadFile:
             self._stop_direct()
             _write_at(fd, parts, offset)
 
+    def void(self, refs: Sequence[bytes]) -> None:
+        """Take frames that `append` wrote with metas out of what `scan` finds (their commit failed after the write:
+        a failed sync), by overwriting their magic, under the file's lock; rows never point to them."""
+        fd = self._open()
+        assert fd is not None
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            for ref in refs:
+                tag, offset, _, _ = _REF.unpack(ref)
+                if tag == _REF_META_TAG:
+                    os.pwrite(fd, _VOID, offset)
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
     def size(self) -> int:
         """The file's size (0 while there is none)."""
         fd = self._open()
@@ -254,11 +269,15 @@ class PayloadFile:
             if head[:4] == _RMAGIC and len(head) == _RFRAME.size:
                 _, n, crc, m, mcrc = _RFRAME.unpack(head)
                 stop = pos + _RFRAME.size + m + n
-                body = os.pread(fd, m + n, pos + _RFRAME.size) if stop <= end else b""
-                if len(body) == m + n and _crc32(body[:m], 0) == mcrc and _crc32(memoryview(body)[m:], 0) == crc:
-                    yield body[:m], _REF.pack(_REF_META_TAG, pos, n, crc)
-                    pos = stop
-                    continue
+                # the meta first (at most 64 KiB): bytes that only look like a header are refused before the payload
+                # they claim is read
+                meta = os.pread(fd, m, pos + _RFRAME.size) if 0 < m and stop <= end else b""
+                if meta and len(meta) == m and _crc32(meta, 0) == mcrc:
+                    body = os.pread(fd, n, pos + _RFRAME.size + m)
+                    if len(body) == n and _crc32(body, 0) == crc:
+                        yield meta, _REF.pack(_REF_META_TAG, pos, n, crc)
+                        pos = stop
+                        continue
             elif head[:4] == _MAGIC:
                 _, n, crc = _FRAME.unpack(head[: _FRAME.size])
                 stop = pos + _FRAME.size + n

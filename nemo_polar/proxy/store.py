@@ -24,22 +24,16 @@ while it owes no row), so `read_records` lays the frames past it over the table,
 others owe before it reads, and `open` writes those a killed process owed before its pending rows become failures
 (`store_rows`). With `fsync` the rows are written before `commit` returns.
 
-Writers. Several processes may write one store (a rollout server and its gateways, tools). Frames are appended under
-an exclusive `flock` of the payload file, held while its end is read and the frames written there (`PayloadFile`:
-vectored writes of at most 1 MiB; large batches on a local block file system with O_DIRECT, 4 KiB aligned), so two
-writers never take the same offset. Without `fsync` the frames are in the OS when `commit` returns, so a killed
-process loses nothing it committed; with `fsync` they are fsynced first, and their rows written (synchronous=FULL)
-right after. Only the checkpointer thread checkpoints (`wal_autocheckpoint=0`), syncing the payload file first
-(`store_rows.checkpoint`), so no row reaches the database file before its payload is on disk; `open` and `close` sync
-it before SQLite's checkpoint on closing the last connection, and the payload file's pages more than `page_cache_mb`
-behind its end leave the OS's page cache (docs/performance.md, "The payload file's page cache").
+Writers. Several processes may write one store (a rollout server and its gateways, tools): frames are appended under
+an exclusive `flock` of the payload file (`PayloadFile`), so two writers never take the same offset. Without `fsync`
+the frames are in the OS when `commit` returns, so a killed process loses nothing it committed; with `fsync` they are
+fsynced first (a frame whose commit then fails is voided). Only the checkpointer thread checkpoints, syncing the
+payload file first (`store_rows.checkpoint`), so no row reaches the database file before its payload is on disk.
 
 A record may first be written as *pending* (`put_pending`) when a call is admitted; `commit` replaces it with the
-final record, updating the placeholder's row in place where it was written (its index entries are not deleted and
-re-inserted). The placeholder holds what identifies the call and the caller's original request, not the normalised
-`request` (a second copy of the same prompt: for an 8k-token prompt half of the placeholder's bytes). On `open`,
-pending rows left by a killed process become failure records (`error.type == "interrupted"`, with the original
-request), so a stream cut by a crash is still accounted for.
+final record (a row written in place). The placeholder holds what identifies the call and the caller's original
+request, not the normalised `request` (a second copy of the same prompt). On `open`, pending rows left by a killed
+process become failure records (`error.type == "interrupted"`, with the original request).
 
 New databases use 4 KiB pages (SQLite's default; an existing database keeps its own). Session deltas
 (`proxy/deltas.py`, on by default): a record whose prompt extends an earlier one of its session is written as what
@@ -379,6 +373,7 @@ class RecordStore:
                 except BaseException as exc:
                     rest_error = self._failed(exc, rest, batch)
                     if self._fsync and framed and framed_error is None:  # their rows are part of their commit
+                        self._void([self._rows.pop(op[1])[5] for op in framed if op[1] in self._rows])
                         framed_error = self._failed(exc, framed, batch)
             elif self._rows:
                 self._arm(batch)
@@ -407,9 +402,19 @@ class RecordStore:
         metas = [orjson.dumps(op[1:6]) for op in ops]  # id, session, seq, state, failed
         refs = self._payloads.append([op[6] for op in ops], metas)
         if self._fsync:
-            self._payloads.sync()  # on disk before `commit` returns
+            try:
+                self._payloads.sync()  # on disk before `commit` returns
+            except BaseException:
+                self._void(refs)  # not committed: no reader may take them
+                raise
         for op, ref in zip(ops, refs, strict=True):
             self._rows[op[1]] = (op[1], op[2], op[3], op[4], op[5], ref)
+
+    def _void(self, refs: list[bytes]) -> None:
+        try:
+            self._payloads.void(refs)
+        except OSError as exc:  # the disk is failing: a reader may still find these frames
+            log.warning("store %s: frames of failed commits not voided (%s)", self.path, exc)
 
     def _write_rows(self, conn: sqlite3.Connection, ops: list[tuple[Any, ...]], *, gone: bool = False) -> None:
         """One transaction (`_lock` held): the rows owed, `ops` (inline records, sessions), where this writer's next

@@ -190,3 +190,43 @@ def test_a_writer_that_owes_no_row_makes_no_reader_scan(tmp_path):
     assert read_records(tmp_path) == [_rec(i) for i in range(3)]
     idle.close()
     a.close()
+
+
+def test_a_frame_whose_fsynced_commit_failed_is_read_by_no_one(tmp_path, monkeypatch):
+    """With `fsync`, a frame written and then not synced, or synced and then not given its row, is a failed commit:
+    it is voided, so neither `read_records` nor the next open takes it."""
+    store = RecordStore(tmp_path, fsync=True).open()
+    other = RecordStore(tmp_path).open()  # owes a row from an earlier offset: its readers scan past the failed frames
+    other.rows_every_s = 3600.0
+    real_sync = store._payloads.sync
+    calls = {"n": 0}
+
+    def sync_once_failing() -> int:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OSError(5, "Input/output error")
+        return real_sync()
+
+    async def commit(s: RecordStore, rec) -> BaseException | None:
+        try:
+            await s.commit(rec)
+        except OSError as exc:
+            return exc
+        return None
+
+    async def main():
+        assert await commit(other, _rec(0)) is None
+        monkeypatch.setattr(store._payloads, "sync", sync_once_failing)
+        assert isinstance(await commit(store, _rec(1)), OSError)  # the frame's sync failed
+        monkeypatch.setattr("nemo_polar.proxy.store.UPSERT", "NOT SQL")
+        assert isinstance(await commit(store, _rec(2)), OSError)  # synced, but its row's transaction failed
+        monkeypatch.undo()
+        assert await commit(store, _rec(3)) is None
+
+    asyncio.run(main())
+    assert [r.id for r in read_records(tmp_path)] == ["r0", "r3"]
+    store.close()
+    other.close()
+    again = RecordStore(tmp_path).open()
+    assert again.get_record("r1") is None and again.get_record("r2") is None and again.get_record("r3") == _rec(3)
+    again.close()
