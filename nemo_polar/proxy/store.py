@@ -359,7 +359,8 @@ class RecordStore:
         last = {op[1]: i for i, op in enumerate(ops) if op[0] == "record"}
         kept = [op for i, op in enumerate(ops) if op[0] != "record" or last[op[1]] == i]
         framed = [op for op in kept if op[0] == "record" and (type(op[6]) is list or len(op[6]) > INLINE_MAX)]
-        rest = [op for op in kept if not any(op is f for f in framed)]
+        in_frames = {op[1] for op in framed}  # a record's one kept op is framed or not
+        rest = [op for op in kept if op[0] != "record" or op[1] not in in_frames]
         framed_error = rest_error = None
         with self._lock:
             if framed:
@@ -379,7 +380,6 @@ class RecordStore:
                 self._arm(batch)
         self.batches += 1
         self.writes += len(batch)
-        in_frames = {op[1] for op in framed}
         for op, (_, loop, fut) in zip(ops, batch, strict=True):
             error = framed_error if op[0] == "record" and op[1] in in_frames else rest_error
             if error is None and op[0] == "record" and op[9] is not None:
@@ -394,12 +394,12 @@ class RecordStore:
 
     def _frame(self, conn: sqlite3.Connection, ops: list[tuple[Any, ...]]) -> None:
         """Append the records' frames, each with its row's fields; their rows are written later (`_write_rows`)."""
-        # the first frame to owe a row (not with `fsync`: rows are written before `commit` returns): readers look
-        # for this writer's frames from here
+        # the first frame to owe a row (with `fsync` none does): readers look for this writer's frames from here
         if self._since is None and not self._fsync:
-            self._since = self._payloads.size()
-            conn.execute("UPDATE writers SET since = ? WHERE writer = ?", (self._since, self._writer_id))
-        metas = [orjson.dumps(op[1:6]) for op in ops]  # id, session, seq, state, failed
+            since = self._payloads.size()
+            conn.execute("UPDATE writers SET since = ? WHERE writer = ?", (since, self._writer_id))
+            self._since = since  # only once written: a failed update is tried again before the next frame
+        metas = [orjson.dumps((*op[1:6], self._writer_id)) for op in ops]  # id, session, seq, state, failed, writer
         refs = self._payloads.append([op[6] for op in ops], metas)
         if self._fsync:
             try:

@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from nemo_polar.proxy.deltas import DeltaError, is_delta, resolve
-from nemo_polar.proxy.payloads import PayloadFile, StoreCorrupt
+from nemo_polar.proxy.payloads import _REF, PayloadFile, StoreCorrupt
 from nemo_polar.proxy.record_json import record_bytes
 from nemo_polar.types import CompletionRecord
 
@@ -106,20 +106,26 @@ def _alive(locks: Path, writer: str) -> bool:
 
 
 def tail_rows(conn: sqlite3.Connection, payloads: PayloadFile, *, exclude: str | None = None) -> dict[str, Row]:
-    """The rows the frames past every writer's `since` say (but `exclude`'s), by record id: a record's last final
-    frame, else its last placeholder; {} where no writer owes rows (or the store predates the `writers` table)."""
+    """The rows that writers owe (all but `exclude`), from their frames past their `since`, by record id: a record's
+    last final frame, else its last placeholder; {} where no writer owes rows (or the store predates the `writers`
+    table). Only the frames of a writer that owes rows are taken: a writer with `fsync` never does (its rows are
+    written before its commits return), so a frame of a commit it then fails is never taken from here."""
     try:
-        (start,) = conn.execute("SELECT MIN(since) FROM writers WHERE writer != ?", (exclude or "",)).fetchone()
+        owing = dict(
+            conn.execute("SELECT writer, since FROM writers WHERE since IS NOT NULL AND writer != ?", (exclude or "",))
+        )
     except sqlite3.OperationalError:
         return {}
     out: dict[str, Row] = {}
-    if start is None:
+    if not owing:
         return out
-    for meta, ref in payloads.scan(start):
+    for meta, ref in payloads.scan(min(owing.values())):
         try:
-            rid, session_id, seq, state, failed = orjson.loads(meta)
+            rid, session_id, seq, state, failed, writer = orjson.loads(meta)
         except (orjson.JSONDecodeError, ValueError, TypeError):
             continue
+        if _REF.unpack(ref)[1] < owing.get(writer, 1 << 63):
+            continue  # not owed: a frame of a writer that owes none, or from before its `since`
         if state == "done" or out.get(rid, ("", 0, "pending"))[2] != "done":
             out[rid] = (session_id, seq, state, failed, ref)
     return out

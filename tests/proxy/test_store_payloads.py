@@ -30,7 +30,7 @@ from tests.proxy.test_store import old_store_db
 
 def _frame_size(rec: CompletionRecord, state: str = "done") -> int:
     """The bytes of the store's frame of `rec`: its header, its row's fields (the meta) and its JSON."""
-    meta = orjson.dumps([rec.id, rec.session_id, rec.seq, state, 0 if rec.error is None else 1])
+    meta = orjson.dumps([rec.id, rec.session_id, rec.seq, state, 0 if rec.error is None else 1, "w" * 32])  # writer
     return _RFRAME.size + len(meta) + len(record_bytes(rec))
 
 

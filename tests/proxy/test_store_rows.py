@@ -230,3 +230,58 @@ def test_a_frame_whose_fsynced_commit_failed_is_read_by_no_one(tmp_path, monkeyp
     again = RecordStore(tmp_path).open()
     assert again.get_record("r1") is None and again.get_record("r2") is None and again.get_record("r3") == _rec(3)
     again.close()
+
+
+def test_a_since_that_could_not_be_written_is_written_before_the_next_frame(tmp_path):
+    store = RecordStore(tmp_path).open()
+    store.rows_every_s = 3600.0
+    assert store._inline_conn is not None
+    store._inline_conn.execute("PRAGMA busy_timeout=50")
+    blocker = sqlite3.connect(tmp_path / DB_NAME, isolation_level=None)
+
+    async def main():
+        blocker.execute("BEGIN IMMEDIATE")  # another writer's transaction: this one cannot write its `since`
+        try:
+            await store.commit(_rec(0))
+        except OSError:
+            pass
+        else:
+            raise AssertionError("the commit cannot have been made without its since")
+        blocker.execute("COMMIT")
+        await store.commit(_rec(1))
+
+    asyncio.run(main())
+    assert blocker.execute("SELECT since FROM writers").fetchone()[0] is not None
+    assert read_records(tmp_path) == [_rec(1)]  # the frame past it, while its row is owed
+    blocker.close()
+    store.close()
+
+
+def test_a_frame_of_a_commit_that_fails_is_not_taken_by_another_reader_meanwhile(tmp_path):
+    """An `fsync` writer owes no row, so another store object reading while its commit is failing does not take
+    the frame (a row pointing to a frame voided afterwards would make every read of the store fail)."""
+    a = RecordStore(tmp_path, fsync=True).open()
+    b = RecordStore(tmp_path).open()
+    c = RecordStore(tmp_path).open()
+    c.rows_every_s = 3600.0
+    real_sync = a._payloads.sync
+
+    def sync_failing() -> int:
+        b.write_rows()  # another reader while the frame is on its way to the disk
+        raise OSError(5, "Input/output error")
+
+    async def main():
+        await c.commit(_rec(0))  # c owes a row from an offset before a's frame
+        a._payloads.sync = sync_failing
+        try:
+            await a.commit(_rec(1))
+        except OSError:
+            pass
+        a._payloads.sync = real_sync
+        await a.commit(_rec(2))
+
+    asyncio.run(main())
+    assert [r.id for r in read_records(tmp_path)] == ["r0", "r2"]
+    assert [r.id for r in b.list_records("s1")] == ["r0", "r2"]
+    for s in (a, b, c):
+        s.close()
