@@ -7,8 +7,8 @@ payload), so the rows can be rebuilt from the file (`scan`). The store's row for
 to it (a tag byte JSON never starts with, the frame's offset, the payload's length and crc32), so a read checks the
 frame against what the row says: a torn, truncated, overwritten or missing payload is `StoreCorrupt` naming the
 record, never other bytes. Appends take an exclusive `flock` of the file, so writers in several processes never take
-the same offset. Why the payloads live here and not in the rows, and how
-the file keeps the store's durability: `proxy/store.py`'s docstring and docs/contracts.md, "Storage".
+the same offset. Why the payloads live here and not in the rows, and how the file keeps the store's durability:
+`proxy/store.py`'s docstring and docs/contracts.md, "Storage".
 """
 
 from __future__ import annotations

@@ -36,15 +36,18 @@ __all__ = [
     "UPSERT_IF_NEWER",
     "WRITERS_SCHEMA",
     "apply_op",
+    "checkpoint",
+    "conn_data",
     "hold_writer",
     "index_tail",
+    "interrupted",
     "read_store",
+    "records",
     "release_writer",
     "tail_rows",
     "whole",
     "whole_op",
 ]
-__all__ += ["checkpoint", "conn_data", "interrupted", "records"]
 
 WRITERS_SCHEMA = """
 CREATE TABLE IF NOT EXISTS writers (
@@ -159,14 +162,18 @@ def read_store(
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30)
     try:
         conn.execute("BEGIN")  # one snapshot: the rows, the writers' `since` and the bases their deltas refer to
-        table: dict[str, Row] = {
-            rid: (sid, seq, state, failed, data)
-            for rid, sid, seq, state, failed, data in conn.execute(
-                "SELECT id, session_id, seq, state, failed, data FROM records"
-            )
-        }
-        for rid, row in tail_rows(conn, payloads).items():
-            if _newer(table.get(rid), row):
+        sql = "SELECT id, session_id, seq, state, failed, data FROM records"
+        if ids is None:
+            rows = conn.execute(sql).fetchall()
+        else:  # only those rows; a delta's base is looked up by id (`data`)
+            ids = list(ids)
+            one = sql + " WHERE id = ?"
+            rows = [row for rid in dict.fromkeys(ids) if (row := conn.execute(one, (rid,)).fetchone())]
+        table: dict[str, Row] = {rid: (sid, seq, state, failed, data) for rid, sid, seq, state, failed, data in rows}
+        tail = tail_rows(conn, payloads)
+        asked = set(ids or ())
+        for rid, row in tail.items():
+            if (ids is None or rid in asked) and _newer(table.get(rid), row):
                 table[rid] = row
         wanted = [rid for rid, row in table.items() if include_pending or row[2] == "done"]
         if ids is None:
@@ -174,7 +181,13 @@ def read_store(
         else:
             keep = set(wanted)
             wanted = [rid for rid in ids if rid in keep]
-        return records(payloads, [(rid, table[rid][4]) for rid in wanted], lambda bid: _data(table, bid))
+        from_conn = conn_data(conn)
+
+        def data(rid: str) -> bytes | None:  # a delta's base: the newest of its row and its frame
+            row = table.get(rid) or tail.get(rid)
+            return row[4] if row is not None else from_conn(rid)
+
+        return records(payloads, [(rid, table[rid][4]) for rid in wanted], data)
     finally:
         conn.close()
 
@@ -182,11 +195,6 @@ def read_store(
 def _newer(row: Row | None, frame: Row) -> bool:
     """Whether a frame's row replaces `row` (`UPSERT_IF_NEWER`'s rule)."""
     return row is None or row[2] == "pending" or (frame[2] == "done" and bool(row[3]) and not frame[3])
-
-
-def _data(table: dict[str, Row], rid: str) -> bytes | None:
-    row = table.get(rid)
-    return None if row is None else row[4]
 
 
 def whole(
