@@ -232,12 +232,13 @@ async def run_all(args: argparse.Namespace, llm: Any) -> list[dict[str, Any]]:
                 print(
                     f"  warm-up session ({args.warmup}, not counted): {result.status} ({time.monotonic() - t0:.0f} s)"
                 )
+            # one task of one sample at a time: a session admitted with others would wait for the one run slot
             for name, runtime in workloads(args):
-                for harness in args.harnesses:
+                for harness, i in ((h, i) for h in args.harnesses for i in range(args.sessions)):
                     t0 = time.monotonic()
-                    task_id = f"sb-{harness}-{name.replace(':', '-')}-{runtime}"
-                    task = _task(args, name, harness, runtime, task_id, args.sessions)
-                    for result, records in await stack.run(task, timeout_s=900 * args.sessions):
+                    task_id = f"sb-{harness}-{name.replace(':', '-')}-{runtime}-{i}"
+                    task = _task(args, name, harness, runtime, task_id, 1)
+                    for result, records in await stack.run(task):
                         b = budget(stack.marks[result.session_id], records)
                         rows.append(
                             {
