@@ -176,11 +176,15 @@ def report(rows: list[dict[str, Any]]) -> None:
             "container); `model` is vLLM's time for the calls (tiny-qwen3 on 2 shared CPU cores: prefill of "
             "7k-30k-token harness prompts dominates it).",
         )
-    note(
-        "Largest avoidable share per harness and workload: "
-        + "; ".join(f"{h}: {p} ({100 * s:.0f} %)" for h, (p, s) in largest.items())
-        + "."
-    )
+    loads = list(dict.fromkeys(workload(r) for r in rows))
+    per_harness = []
+    for h in dict.fromkeys(r["harness"] for r in rows):
+        found = [(load, *largest[f"{h}, {load}"]) for load in loads if f"{h}, {load}" in largest]
+        if len({p for _, p, _ in found}) == 1 and len(found) == len(loads):
+            per_harness.append(f"{h}: {found[0][1]} ({' / '.join(f'{100 * s:.0f}' for _, _, s in found)} %)")
+        else:
+            per_harness.append(f"{h}: " + ", ".join(f"{p} ({100 * s:.0f} %) in {load}" for load, p, s in found))
+    note(f"Largest avoidable share per harness (in {' / '.join(loads)}): " + "; ".join(per_harness) + ".")
     for load in [None, *dict.fromkeys(workload(r) for r in rows)]:
         rs = [r for r in rows if load is None or workload(r) == load]
         overall = {p: sum(r["budget"][p] for r in rs) for p in PARTS}
