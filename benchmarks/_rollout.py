@@ -85,15 +85,14 @@ def reset_prefix_cache(base_urls: list[str], tries: int = 20) -> None:
             raise RuntimeError(f"{url}: vLLM did not reset its prefix cache after {tries} tries ({body!r})")
 
 
-def example_task(name: str, harness: str, *, plan: str, task_id: str, builder: str, samples: int = 1) -> Any:
-    """`samples` sandboxed sessions of example `name` driven by its `plan` (`fix_plan` / `noop_plan`), graded by its
-    tests."""
+def example_task(name: str, harness: str, *, plan: str, task_id: str, builder: str) -> Any:
+    """One sandboxed session of example `name` driven by its `plan` (`fix_plan` / `noop_plan`), graded by its tests."""
     from tests.rollout.helpers import example_task as make
 
     return make(
         name,
         task_id=task_id,
-        plans=(plan,) * samples,
+        plans=(plan,),
         runtime={"isolation": "sandbox", "source": f"example:{name}"},
         agent={"harness": harness, "timeout_s": 300, "options": {"max_turns": 12}, "sampling": SAMPLING},
         builder=builder,
@@ -101,30 +100,26 @@ def example_task(name: str, harness: str, *, plan: str, task_id: str, builder: s
     )
 
 
-def pybugs_image(name: str, runtime: str) -> str | None:
-    """The task image of real-repository task `name` on container engine `runtime` (built here on first use, then
-    cached by content hash; the engine started as the runtime starts it); None for `local` (bubblewrap)."""
-    if runtime == "local":
-        return None
+def pybugs_image(name: str, engine: str) -> str:
+    """The task image of real-repository task `name` on container engine `engine` (`docker` / `podman`; built here on
+    first use, then cached by content hash; the engine started as the runtime starts it)."""
     from nemo_polar.runtime.engines import get_engine
     from nemo_polar.runtime.images import ensure_task_image
     from nemo_polar.tasks.pybugs import build_tree, select
 
     (bug,) = select([name])
-    return ensure_task_image(get_engine(runtime), bug.name, build_tree(bug)[0]).tag
+    return ensure_task_image(get_engine(engine), bug.name, build_tree(bug)[0]).tag
 
 
-def pybugs_task(
-    name: str, harness: str, *, runtime: str, task_id: str, builder: str, samples: int = 1, image: str | None = None
-) -> Any:
-    """`samples` sessions of real-repository task `name` (`nemo_polar.tasks.pybugs`: a PyPI release with an injected
+def pybugs_task(name: str, harness: str, *, runtime: str, task_id: str, builder: str, image: str | None = None) -> Any:
+    """One session of real-repository task `name` (`nemo_polar.tasks.pybugs`: a PyPI release with an injected
     bug, graded by its own tests with SWE-bench's protocol) driven by its fix plan, in `runtime`: `local` (bubblewrap
     over the cached tree) or `docker` / `podman` (a `--network none` container from the task image `image`)."""
     from nemo_polar.tasks.pybugs import select, task_specs
 
     (bug,) = select([name])
     images = {bug.name: image} if image else None
-    (task,) = task_specs([bug], runtime=runtime, images=images, harness=harness, plans=("fix",) * samples)
+    (task,) = task_specs([bug], runtime=runtime, images=images, harness=harness, plans=("fix",))
     agent = task.agent.model_copy(update={"timeout_s": 300, "options": {"max_turns": 12}, "sampling": SAMPLING})
     return task.model_copy(
         update={

@@ -147,8 +147,9 @@ def report(rows: list[dict[str, Any]]) -> None:
     rows = _rows_of_old_runs(rows)
     cols = ["harness", "tasks", "sessions", "calls (median)", "total s p50 / p90"]
     cols += [f"{p} s p50 / p90 (share)" for p in PARTS]
+    loads = list(dict.fromkeys(workload(r) for r in rows))
     largest: dict[str, tuple[str, float]] = {}
-    for load in dict.fromkeys(workload(r) for r in rows):
+    for load in loads:
         out = []
         for h in dict.fromkeys(r["harness"] for r in rows):
             rs = [r for r in rows if r["harness"] == h and workload(r) == load]
@@ -176,7 +177,6 @@ def report(rows: list[dict[str, Any]]) -> None:
             "container); `model` is vLLM's time for the calls (tiny-qwen3 on 2 shared CPU cores: prefill of "
             "7k-30k-token harness prompts dominates it).",
         )
-    loads = list(dict.fromkeys(workload(r) for r in rows))
     per_harness = []
     for h in dict.fromkeys(r["harness"] for r in rows):
         found = [(load, *largest[f"{h}, {load}"]) for load in loads if f"{h}, {load}" in largest]
@@ -185,7 +185,7 @@ def report(rows: list[dict[str, Any]]) -> None:
         else:
             per_harness.append(f"{h}: " + ", ".join(f"{p} ({100 * s:.0f} %) in {load}" for load, p, s in found))
     note(f"Largest avoidable share per harness (in {' / '.join(loads)}): " + "; ".join(per_harness) + ".")
-    for load in [None, *dict.fromkeys(workload(r) for r in rows)]:
+    for load in [None, *loads]:
         rs = [r for r in rows if load is None or workload(r) == load]
         overall = {p: sum(r["budget"][p] for r in rs) for p in PARTS}
         tot = sum(r["budget"]["total"] for r in rs) or 1.0
@@ -202,14 +202,13 @@ def report(rows: list[dict[str, Any]]) -> None:
         )
 
 
-def _task(args: argparse.Namespace, name: str, harness: str, runtime: str, task_id: str, samples: int) -> Any:
+def _task(args: argparse.Namespace, name: str, harness: str, runtime: str, task_id: str) -> Any:
+    """One session of task `name` (an example task, or `pybugs:NAME` in `runtime`)."""
     if name.startswith("pybugs:"):
         bug = name.removeprefix("pybugs:")
         image = args.images.get((bug, runtime))
-        return pybugs_task(
-            bug, harness, runtime=runtime, task_id=task_id, builder="prefix_merging", samples=samples, image=image
-        )
-    return example_task(name, harness, plan="fix_plan", task_id=task_id, builder="prefix_merging", samples=samples)
+        return pybugs_task(bug, harness, runtime=runtime, task_id=task_id, builder="prefix_merging", image=image)
+    return example_task(name, harness, plan="fix_plan", task_id=task_id, builder="prefix_merging")
 
 
 def workloads(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -231,7 +230,7 @@ async def run_all(args: argparse.Namespace, llm: Any) -> list[dict[str, Any]]:
             if args.warmup:
                 t0 = time.monotonic()
                 name, runtime = workloads(args)[0]
-                task = _task(args, name, args.warmup, runtime, "sb-warmup", 1)
+                task = _task(args, name, args.warmup, runtime, "sb-warmup")
                 ((result, _),) = await stack.run(task)
                 print(
                     f"  warm-up session ({args.warmup}, not counted): {result.status} ({time.monotonic() - t0:.0f} s)"
@@ -241,7 +240,7 @@ async def run_all(args: argparse.Namespace, llm: Any) -> list[dict[str, Any]]:
                 for harness, i in ((h, i) for h in args.harnesses for i in range(args.sessions)):
                     t0 = time.monotonic()
                     task_id = f"sb-{harness}-{name.replace(':', '-')}-{runtime}-{i}"
-                    task = _task(args, name, harness, runtime, task_id, 1)
+                    task = _task(args, name, harness, runtime, task_id)
                     for result, records in await stack.run(task):
                         b = budget(stack.marks[result.session_id], records)
                         rows.append(
