@@ -256,12 +256,24 @@ class HarnessAdapter:
 
         `{"shell": cmd}`, `{"edit": {path, old, new}}` and `{"write": {path, content}}` become
         `{"tool": <native name>, "arguments": {...}}`; a `{"choose": [...]}` step gets each option resolved (one
-        native step each); every other step kind passes through unchanged.
+        native step each); every other step kind passes through unchanged. A step's `think` text (the reasoning a
+        thinking model writes before acting) goes with the first native step it resolves to.
         """
+        steps = self._resolve(step, ctx)
+        think = step.get("think")
+        if think is not None and "choose" not in step:
+            if not isinstance(think, str) or not think.strip():
+                raise PlanError(f"a step's think must be non-empty text: {step!r}")
+            steps[0] = {**steps[0], "think": think}
+        return steps
+
+    def _resolve(self, step: Mapping[str, Any], ctx: HarnessContext) -> list[dict[str, Any]]:
         if "choose" in step and isinstance(step["choose"], list):
             options = [self.resolve_step(o, ctx) if isinstance(o, Mapping) else [o] for o in step["choose"]]
             if any(len(o) != 1 for o in options):
                 raise PlanError(f"{self.name}: a choose option must resolve to exactly one step: {step!r}")
+            if len({"think" in o[0] for o in options}) > 1:
+                raise PlanError(f"{self.name}: a choose step's options must all think or all not: {step!r}")
             return [{**step, "choose": [o[0] for o in options]}]
         if "shell" in step:
             if not isinstance(step["shell"], str):

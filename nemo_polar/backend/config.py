@@ -85,7 +85,9 @@ MODELS: dict[str, ModelSpec] = {
         dtype="float32",  # exact logprob re-scoring; the model is tiny anyway
         recipe="recipe_tiny_qwen3.py",
         kv_cache_bytes=_GIB // 2,  # 2 KiB a token: 262k tokens, 6 full-length sessions at once
-        server_args=("--reasoning-parser", "qwen3"),
+        # a plan step's `think` text is forced by a grammar, which vLLM applies inside the reasoning block only with
+        # enable_in_reasoning (without a reasoning parser, as for smollm2, grammars always apply from the start)
+        server_args=("--reasoning-parser", "qwen3", "--structured-outputs-config.enable_in_reasoning", "true"),
     ),
 }
 

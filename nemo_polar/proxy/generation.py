@@ -54,7 +54,10 @@ def plan_kind(step: dict[str, Any] | None, tool_call_format: str) -> tuple[str, 
         return NEXT_BEST, None
     if "choose" in step:
         return CHOOSE, None
-    text = plans.forced_text(step, tool_call_format)
+    try:
+        text = plans.forced_text(step, tool_call_format)
+    except ValueError as exc:  # the plan is the operator's, not the harness's: a server-side error
+        raise ProviderError(500, "api_error", f"plan step {step!r}: {exc}") from None
     return (FORCED, text) if text is not None else (LIVE, None)
 
 
@@ -197,27 +200,42 @@ class Generator:
     async def _forced(self, ctx: CallContext, text: str | list[str]) -> Generation:
         """A forced step (one text), or a `choose` step (a live sample the grammar restricts to these texts)."""
         choices = [text] if isinstance(text, str) else text
+        thinking = [plans.thinks(c) for c in choices]
+        if any(thinking) and not all(thinking):
+            raise ProviderError(500, "api_error", "a choose step's options must all think or all not (plan error)")
         call = ctx.call
-        ctk = {**(call.sampling.get("chat_template_kwargs") or {}), "enable_thinking": False}
+        # thinking on only where the step forces a reasoning block: the template then opens the turn bare and the
+        # grammar writes `<think>…</think>`; otherwise the template closes an empty block before the forced text
+        ctk = {**(call.sampling.get("chat_template_kwargs") or {}), "enable_thinking": all(thinking)}
         # the grammar ends the generation with the forced text: a max_tokens cap could only truncate it
         call.sampling = {k: v for k, v in call.sampling.items() if k != "max_tokens"}
         call.sampling["chat_template_kwargs"] = ctk
         if self.config.forced_tokens == "canonical":
             return await self._canonical(ctx, text)
         extra: dict[str, Any] = {"structured_outputs": {"choice": choices}}
+        # the grammar may spell the text with any tokenization, at worst one token per byte: that bound always
+        # leaves room for the whole text and its end of turn (and /v1/completions would default to 16 tokens)
+        bound = max(len(c.encode()) for c in choices) + 8
         prompt = await self._spliced_prompt(ctx)
         if prompt is not None:
-            # /v1/completions defaults to 16 tokens; the grammar may spell the text with any tokenization, at worst
-            # one token per byte: that bound always leaves room for the whole text and its end of turn
-            extra["max_tokens"] = max(len(c.encode()) for c in choices) + 8
+            extra["max_tokens"] = bound
             gen = await self._complete_spliced(call, prompt, extra=extra)
         else:
             call.extra.update(extra)
+            if all(thinking):  # an engine that lets the model reason unconstrained stops at the bound, not 40k
+                call.sampling["max_tokens"] = bound
             if call.request.tools and call.request.tool_choice not in (None, "auto"):
                 call.request.tool_choice = "auto"  # the grammar decides; a named/required choice would conflict
             gen = await self.engine.chat(call)  # the grammar fixes the text: no required prefix is sent
         res = gen.result
         assert res is not None
+        if all(thinking) and (res.reasoning or "").strip("\n") not in {plans.parse_hermes(c)[1] for c in choices}:
+            raise ProviderError(
+                502,
+                "api_error",
+                "the engine did not apply the plan's grammar inside the reasoning block: serve the model with "
+                "--structured-outputs-config.enable_in_reasoning true (polar backend does)",
+            )
         gen.extra["forced_text" if isinstance(text, str) else "choices"] = text
         gen.extra["grammar_log_probs"] = res.generation_log_probs
         limit = self.config.rescore_forced_max_prompt_tokens

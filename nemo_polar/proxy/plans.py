@@ -44,6 +44,7 @@ __all__ = [
     "record_from_inline",
     "result_from_record",
     "sample_option",
+    "thinks",
 ]
 
 _HERMES = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
@@ -51,7 +52,26 @@ _THINK = re.compile(r"^\s*<think>(.*?)</think>\s*", re.DOTALL)
 
 
 def forced_text(step: dict[str, Any], tool_call_format: str = "hermes") -> str | None:
-    """The exact assistant text a `tool` or `text` step forces; `None` for other steps."""
+    """The exact assistant text a `tool` or `text` step forces; `None` for other steps.
+
+    A step's optional `think` text is forced too, as the reasoning block a thinking model writes before its answer
+    (`<think>\n…\n</think>\n\n`, the spelling Qwen3's template renders back into history).
+    """
+    body = _forced_body(step, tool_call_format)
+    if body is None or step.get("think") is None:
+        return body
+    think = step["think"]
+    if not isinstance(think, str) or not think.strip() or "</think>" in think:
+        raise ValueError(f"a plan step's think must be non-empty text without </think>: {think!r}")
+    return f"<think>\n{think.strip(chr(10))}\n</think>\n\n{body}"
+
+
+def thinks(text: str) -> bool:
+    """Whether a forced text starts with a reasoning block (the step is generated with thinking on)."""
+    return text.startswith("<think>\n")
+
+
+def _forced_body(step: dict[str, Any], tool_call_format: str) -> str | None:
     if "text" in step:
         return str(step["text"])
     if "tool" not in step:

@@ -77,6 +77,12 @@ class Plan:
                 raise PlanError(f"{where}: harness-neutral steps must be resolved to tool steps before the proxy")
             raise PlanError(f"{where} must have exactly one of {list(_STEP_KINDS)}")
         kind = kinds[0]
+        if "think" in step:
+            think = step["think"]
+            if kind not in ("tool", "text"):
+                raise PlanError(f"{where}.think: only tool and text steps force a reasoning block")
+            if not isinstance(think, str) or not think.strip() or "</think>" in think:
+                raise PlanError(f"{where}.think must be non-empty text without </think>")
         if kind == "tool":
             if not isinstance(step["tool"], str) or not step["tool"]:
                 raise PlanError(f"{where}.tool must be a tool name")
@@ -92,6 +98,8 @@ class Plan:
                 if not isinstance(option, dict) or not any(k in option for k in ("tool", "text")):
                     raise PlanError(f"{where}.choose[{i}] must be a tool or text step")
                 Plan._check_step(option, f"{where}.choose[{i}]")
+            if len({"think" in o for o in options}) > 1:
+                raise PlanError(f"{where}.choose: the options must all think or all not (one prompt renders them)")
         elif kind == "live" and step["live"] is not True:
             raise PlanError(f"{where}.live must be true")
         elif kind == "replay":

@@ -215,3 +215,53 @@ def test_canonical_forced_tokens_without_a_model_dir_is_refused_where_it_is_set(
     assert "--model-dir" in capsys.readouterr().err
     with pytest.raises(ValueError, match="forced_tokens=canonical needs model_dir"):
         StackConfig(work_dir=str(tmp_path), upstreams=["http://127.0.0.1:9"], forced_tokens="canonical")
+
+
+def test_think_steps_force_a_reasoning_block_and_bad_ones_are_refused() -> None:
+    """`think` (the reasoning variant of forced plans): forced as `<think>…</think>` before the step's text, carried
+    by the first native step a harness-neutral step resolves to, refused where it cannot be forced."""
+    from harness_adapters.base import HarnessContext
+    from harness_adapters.claude_code import ClaudeCodeAdapter
+    from harness_adapters.shell import ShellAdapter
+    from nemo_polar.proxy.generation import FORCED, plan_kind
+
+    step = {"tool": "bash", "arguments": {"command": "ls"}, "think": "\nlook first\n"}
+    kind, text = plan_kind(Plan.parse({"steps": [step]}).steps[0], "hermes")
+    assert kind == FORCED and text is not None and plans.thinks(text)
+    assert text == "<think>\nlook first\n</think>\n\n" + plans.forced_text(
+        {k: v for k, v in step.items() if k != "think"}
+    )
+    assert plans.parse_hermes(text)[1] == "look first"
+    assert not plans.thinks(plans.forced_text({"text": "done"}) or "")
+    for bad in (
+        {"text": "x", "think": ""},
+        {"text": "x", "think": 3},
+        {"text": "x", "think": "a </think> b"},
+        {"live": True, "think": "x"},
+        {"choose": [{"text": "a", "think": "x"}, {"text": "b"}]},
+    ):
+        with pytest.raises(PlanError):
+            Plan.parse({"steps": [bad]})
+    Plan.parse({"steps": [{"choose": [{"text": "a", "think": "x"}, {"text": "b", "think": "y"}]}]})
+
+    ctx = HarnessContext(base_url="http://x", api_key="k", model="m", workdir="/w", home="/h")
+    (shell,) = ShellAdapter().resolve_step({"shell": "ls", "think": "list"}, ctx)
+    assert shell == {"tool": "bash", "arguments": {"command": "ls"}, "think": "list"}
+    read, edit = ClaudeCodeAdapter().resolve_step({"edit": {"path": "a", "old": "x", "new": "y"}, "think": "fix"}, ctx)
+    assert read["think"] == "fix" and "think" not in edit  # the reasoning comes before the first action
+    with pytest.raises(PlanError):
+        ShellAdapter().resolve_step({"choose": [{"shell": "ls", "think": "a"}, {"shell": "pwd"}]}, ctx)
+
+
+def test_a_think_step_an_engine_did_not_force_is_a_retryable_error_naming_the_flag(fake_upstream, make_proxy) -> None:  # type: ignore[no-untyped-def]
+    """The fake upstream has no reasoning parser (like an engine that reasons past the grammar): 502, recorded."""
+    fake = fake_upstream()
+    h = make_proxy([fake.base_url])
+    s = h.session(plan={"version": 1, "steps": [{"text": "done", "think": "check"}]})
+    with pytest.raises(openai.InternalServerError) as err:
+        _oa(h, s.api_key).chat.completions.create(model="m", messages=MSG)
+    assert err.value.status_code == 502 and "enable_in_reasoning" in str(err.value)
+    (sent,) = fake.requests
+    assert sent["chat_template_kwargs"]["enable_thinking"] is True and sent["max_tokens"] > len("done")
+    (rec,) = h.records(s.session_id)
+    assert rec.error is not None and "enable_in_reasoning" in rec.error["message"]
