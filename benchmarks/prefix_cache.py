@@ -20,11 +20,16 @@ prompt tokens served from cache after the session's first call; per session, the
 actually computed (every request it ran for the session: side calls and token-id look-ups included). Session wall
 time is the agent's RUN stage (CLI start to exit) and the whole session (admission to result).
 
-    flock /tmp/polar-heavy.lock .venv/bin/python benchmarks/prefix_cache.py --quick   # 1 session per cell, ~10 min
+    flock /tmp/polar-heavy.lock .venv/bin/python benchmarks/prefix_cache.py --quick   # 1 session per cell, ~8 min
     flock /tmp/polar-heavy.lock .venv/bin/python benchmarks/prefix_cache.py           # 3 sessions per cell (full)
 
-Options: `--harnesses claude_code,codex,qwen_code`, `--task median`, `--sessions N`, `--json out.json` (the
-per-session rows), `--report out.json` (the tables from saved rows, nothing run).
+Two workloads, one table each (`--think 0,500`): the plan as written (tool calls only, thinking off), and its
+reasoning variant, where every step carries a `think` text of about 500 tokens that the proxy forces as the
+`<think>` block a thinking model writes before acting (docs/contracts.md, plans), so each turn adds what the model
+wrote as well as the tool result.
+
+Options: `--harnesses claude_code,codex,qwen_code`, `--task median`, `--sessions N`, `--think TOKENS[,TOKENS]`,
+`--json out.json` (the per-session rows), `--report out.json` (the tables from saved rows, nothing run).
 """
 
 from __future__ import annotations
@@ -49,6 +54,36 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "sticky + splice": {"routing": "sticky", "prefix_preserving": "splice"},
 }
 HARNESSES = ("claude_code", "codex", "qwen_code")
+# what a thinking model writes before acting, in plain sentences; `think_text` repeats them to the asked length
+_REASONING = (
+    "The failing test tells me what the function should return, so I compare that with what the code does now.",
+    "Before changing anything I want to see the whole function and the tests that exercise it.",
+    "An edit that only touches the branch the test covers keeps the other behaviour as it was.",
+    "After the edit the test suite has to pass, including the tests that passed before.",
+    "If the output differs from what I expect I will read the traceback before trying another change.",
+)
+
+
+def think_text(step: int, tokens: int) -> str:
+    """Reasoning of about `tokens` tokens (~4.5 characters a token in English) for plan step `step`."""
+    out, i = [f"Step {step + 1}."], step
+    while sum(len(x) + 1 for x in out) < 4.5 * tokens:
+        out.append(_REASONING[i % len(_REASONING)])
+        i += 1
+    return " ".join(out)
+
+
+def with_think(task: Any, tokens: int) -> Any:
+    """The task with a `think` text on every step of its plan (the reasoning variant), or unchanged for 0."""
+    if not tokens:
+        return task
+    plans = [
+        {**plan, "steps": [{**st, "think": think_text(i, tokens)} for i, st in enumerate(plan["steps"])]}
+        for plan in task.plans
+    ]
+    return task.model_copy(update={"plans": plans})
+
+
 TARGET_SHARE, TARGET_RATIO = 0.90, 2.0
 
 
@@ -67,6 +102,14 @@ def call_cache(records: list[Any]) -> dict[str, Any]:
     return {
         "calls": len(calls),
         "main_calls": sum(1 for r in calls if r.call_kind == "main"),
+        "generated": sum(len(r.generation_token_ids) for r in calls if r.call_kind == "main"),
+        # main calls after the first whose re-sent history carries reasoning (the harness kept what it was sent)
+        "resent_reasoning": sum(
+            1
+            for r in calls[1:]
+            if r.call_kind == "main"
+            and any(m.get("role") == "assistant" and m.get("reasoning_content") for m in r.request.get("messages", ()))
+        ),
         "prompt_tokens": sum(prompt),
         "prompt_after_first": sum(prompt[1:]),
         "cached_after_first": sum(cached[1:]) if have else None,
@@ -113,6 +156,9 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "ok": sum(1 for r in rs if r["status"] == "COMPLETED"),
                     "calls": statistics.median(r["calls"] for r in rs),
                     "prompt": statistics.median(r["prompt_tokens"] for r in rs),
+                    "generated": None
+                    if any("generated" not in r for r in rs)
+                    else statistics.median(r["generated"] for r in rs),
                     "first": statistics.median(r["prompt_tokens"] - r["prompt_after_first"] for r in rs),
                     "share_after_first": None if None in cached else _share(sum(cached), after),
                     "share_all": _share(sum(r["hit"] for r in rs), sum(r["queried"] for r in rs)),
@@ -120,24 +166,36 @@ def summarise(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     "run_s": statistics.median(r["run_s"] or 0.0 for r in rs),
                     "total_s": statistics.median(r["total_s"] or 0.0 for r in rs),
                     "spliced": sum(r["spliced"] for r in rs),
+                    "main_calls": statistics.median(r.get("main_calls", 0) for r in rs),
+                    "resent": None
+                    if any("resent_reasoning" not in r for r in rs)
+                    else min(r["resent_reasoning"] for r in rs),
                 }
             )
     return out
 
 
 def report(rows: list[dict[str, Any]], task: str) -> None:
+    """One table per workload: the plain plan, then each reasoning variant (`think`, rows saved before it had none)."""
+    for think in sorted({r.get("think", 0) for r in rows}):
+        _report(task, think, [r for r in rows if r.get("think", 0) == think])
+
+
+def _report(task: str, think: int, rows: list[dict[str, Any]]) -> None:
     summ = summarise(rows)
     base = {s["harness"]: s for s in summ if s["config"] == "round_robin"}
     n_engines = max(r.get("engines", 2) for r in rows)
+    workload = f"a ~{think}-token reasoning block forced before every step" if think else "no reasoning"
     table(
-        f"Prefix-cache reuse per session: {n_engines} vLLM-CPU tiny-qwen3 engines, example `{task}` fix_plan, caches emptied "
-        "before each session",
+        f"Prefix-cache reuse per session: {n_engines} vLLM-CPU tiny-qwen3 engines, example `{task}` fix_plan "
+        f"({workload}), caches emptied before each session",
         [
             "harness",
             "configuration",
             "sessions (completed)",
             "calls / session",
             "prompt tokens / session",
+            "main calls' generated tokens / session",
             "1st call's prompt tokens",
             "from cache after the 1st call",
             "from cache, all calls",
@@ -153,6 +211,7 @@ def report(rows: list[dict[str, Any]], task: str) -> None:
                 f"{s['sessions']} ({s['ok']})",
                 s["calls"],
                 f"{s['prompt']:,.0f}",
+                "–" if s["generated"] is None else f"{s['generated']:,.0f}",
                 f"{s['first']:,.0f}",
                 "–" if s["share_after_first"] is None else f"{100 * s['share_after_first']:.1f} %",
                 "–" if s["share_all"] is None else f"{100 * s['share_all']:.1f} %",
@@ -189,7 +248,9 @@ def report(rows: list[dict[str, Any]], task: str) -> None:
     engines = {r.get("engines", 2) for r in rows}
     per_first = {c: [s["prefill"] / s["first"] for s in summ if s["config"] == c and s["first"]] for c in CONFIGS}
     sticky_share = [s["share_after_first"] or 0.0 for s in summ if s["config"] == "sticky"]
-    if all(per_first.values()) and sticky_share:
+    if think:
+        _think_note(summ, max(engines))
+    elif all(per_first.values()) and sticky_share:
         note(
             "Why the prefill ratio stops near the number of engines: a session's prefill is dominated by its first "
             "call's prompt (the CLI's system prompt and tools), and every later call only adds a tool result and a "
@@ -203,6 +264,48 @@ def report(rows: list[dict[str, Any]], task: str) -> None:
             "thinking off, and the re-sent history re-renders to the same tokens up to the new turn), so splicing "
             "adds little in these sessions; it matters where re-rendering changes the tokens (reasoning dropped from "
             "the history, re-serialised tool arguments), which forced sessions do not exercise."
+        )
+
+
+def _think_note(summ: list[dict[str, Any]], engines: int) -> None:
+    """What reasoning changes, per harness, from the rows: the tokens written, whether the history re-sent them, and
+    the prefill per session in units of the first call's prompt."""
+    by = {(s["harness"], s["config"]): s for s in summ}
+    parts = []
+    for harness in dict.fromkeys(s["harness"] for s in summ):
+        plain, spliced = by.get((harness, "sticky")), by.get((harness, "sticky + splice"))
+        if not plain or not spliced or spliced["generated"] is None:
+            continue
+        shorter = spliced["prompt"] - plain["prompt"]
+        later = max(int(plain["main_calls"]) - 1, 0)
+        if plain["resent"] is None:
+            kept = f"its unspliced prompts are {shorter:,.0f} tokens shorter"
+        elif plain["resent"] >= later:
+            kept = (
+                f"re-sends the reasoning as text in every later main call, which the template re-tokenizes: the "
+                f"unspliced prompts are {shorter:,.0f} tokens shorter than the spelling generated"
+            )
+        else:
+            kept = f"re-sends reasoning in {plain['resent']} of {later} later main calls ({shorter:,.0f} tokens fewer)"
+        per_first = ", ".join(
+            f"{c} {by[(harness, c)]['prefill'] / by[(harness, c)]['first']:.2f}"
+            for c in CONFIGS
+            if (harness, c) in by and by[(harness, c)]["first"]
+        )
+        parts.append(
+            f"{harness} writes {spliced['generated']:,.0f} tokens in its main calls and {kept}; prefill per session "
+            f"in first-call prompts: {per_first}"
+        )
+    if parts:
+        note(
+            "With reasoning: "
+            + "; ".join(parts)
+            + f". Round robin prefills each turn again on the engine that did not write it ({engines} engines: the "
+            "reasoning too), so the ratio passes the engine count by the share of prefill the turns add; unspliced, "
+            "the re-sent history departs from the generated tokens where the reasoning starts (the grammar spells "
+            "text in whatever tokens the model samples; the template renders the tokenizer's own spelling), so "
+            "where the harness re-sends it, sticky alone recomputes every reasoning block; splicing keeps the "
+            "generated ids, all from cache."
         )
 
 
@@ -222,17 +325,19 @@ async def run_all(args: argparse.Namespace, engines: list[Any]) -> list[dict[str
     model, model_dir, eot = engines[0].model, str(engines[0].model_dir), engines[0].eot_token_ids
     rows: list[dict[str, Any]] = []
     with work_dir("polar-prefix-cache-") as work:
+        cells = [(think, harness) for think in args.think for harness in args.harnesses]
         for i in range(args.sessions):  # configurations interleaved per round: load drifts hit all three alike
-            for harness in args.harnesses:
+            for think, harness in cells:
                 for name, cfg in CONFIGS.items():
                     options: dict[str, Any] = {"upstreams": urls, "served_model": model, "eot_token_ids": eot}
                     if cfg.get("prefix_preserving") == "splice":
                         options.update(prefix_preserving="splice", model_dir=model_dir)
-                    tag = f"{name.replace(' + ', '-')}-{harness}-{i}"
+                    tag = f"{name.replace(' + ', '-')}-{harness}-t{think}-{i}"
                     async with Stack(work / tag, options, routing=cfg["routing"]) as stack:
                         task = example_task(
                             args.task, harness, plan="fix_plan", task_id=f"pc-{tag}", builder="per_request"
                         )
+                        task = with_think(task, think)
                         reset_prefix_cache(urls)
                         before = vllm_counters(urls)
                         t0 = time.monotonic()
@@ -240,10 +345,10 @@ async def run_all(args: argparse.Namespace, engines: list[Any]) -> list[dict[str
                         after = vllm_counters(urls)
                     delta = {k: after[k] - before[k] for k in after}
                     row = session_row(name, harness, result, records, delta)
-                    row["engines"] = len(urls)
+                    row["engines"], row["think"] = len(urls), think
                     rows.append(row)
                     print(
-                        f"  {harness:<12} {name:<16} #{i}: {result.status} reward={result.reward} calls={row['calls']} "
+                        f"  {harness:<12} {name:<16} think={think} #{i}: {result.status} reward={result.reward} calls={row['calls']} "
                         f"prompt={row['prompt_tokens']} cached_after_first={row['cached_after_first']}/"
                         f"{row['prompt_after_first']} prefill={row['prefill']:.0f} endpoints={row['endpoints']} "
                         f"spliced={row['spliced']} ({time.monotonic() - t0:.0f} s)",
@@ -259,6 +364,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--harnesses", default=",".join(HARNESSES))
     ap.add_argument("--task", default="median", help="example task (nemo_polar/examples)")
     ap.add_argument("--engines", type=int, default=2, help="vLLM-CPU engines behind the proxy (default 2)")
+    ap.add_argument(
+        "--think",
+        default="0,500",
+        metavar="TOKENS[,TOKENS]",
+        help="workloads: a reasoning block of about TOKENS tokens forced before every plan step, 0 for none "
+        "(default 0,500: the plain plan and its reasoning variant, one table each)",
+    )
     ap.add_argument("--json", default=None, help="write the per-session rows here")
     ap.add_argument("--report", default=None, metavar="JSON", help="print the tables from saved rows; run nothing")
     args = ap.parse_args(argv)
@@ -266,6 +378,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.harnesses = [h for h in args.harnesses.split(",") if h]
     if args.sessions < 1 or not args.harnesses:
         ap.error("need at least one session and one harness")
+    try:
+        args.think = [int(t) for t in args.think.split(",") if t.strip()]
+    except ValueError:
+        ap.error(f"--think: token counts separated by commas, got {args.think!r}")
+    if not args.think or min(args.think) < 0:
+        ap.error("--think: at least one token count, each 0 or more")
     if args.engines < 2:
         ap.error("--engines: routing needs at least two engines")
     return args

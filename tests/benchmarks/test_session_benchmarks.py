@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from nemo_polar.rollout.spec import TaskSpec
 from nemo_polar.types import CompletionRecord
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -225,3 +226,68 @@ def test_peer_rounds_are_pooled_against_the_pooled_direct_cell() -> None:
     assert p["p50_ms"] == pytest.approx(300.0) and p["added_p50_ms"] == pytest.approx(100.0)
     assert p["ratio"] == pytest.approx((4 / 1.2) / 5.0)
     assert p["cpu_s_per_1k"] == pytest.approx(1e3 * 0.03 / (4 + 2))  # two rounds, one warm-up request each
+
+
+def test_prefix_cache_reasoning_variant(capsys: pytest.CaptureFixture[str]) -> None:
+    """`--think`: the plain plan and its reasoning variant, one table each (rows saved before it count as plain)."""
+    assert prefix_cache.parse_args([]).think == [0, 500]
+    assert prefix_cache.parse_args(["--think", "300"]).think == [300]
+    for bad in (["--think", "x"], ["--think", "-1"], ["--think", ","]):
+        with pytest.raises(SystemExit):
+            prefix_cache.parse_args(bad)
+    task = TaskSpec.model_validate(
+        {
+            "task_id": "t",
+            "instruction": "fix",
+            "runtime": {"isolation": "none"},
+            "agent": {"harness": "simulation"},
+            "plans": [{"version": 1, "steps": [{"shell": "ls"}, {"text": "done"}]}],
+        }
+    )
+    assert prefix_cache.with_think(task, 0) is task
+    steps = prefix_cache.with_think(task, 200).plans[0]["steps"]
+    assert [s.keys() - {"think"} for s in steps] == [{"shell"}, {"text"}] and steps[0]["think"] != steps[1]["think"]
+    assert 150 * 4.5 < len(steps[0]["think"]) < 250 * 4.5  # about 200 tokens of English
+    assert task.plans[0]["steps"][0] == {"shell": "ls"}  # the task itself unchanged
+
+    def row(config: str, think: int | None, prompt: int, generated: int, prefill: float) -> dict[str, object]:
+        r: dict[str, object] = {
+            "config": config,
+            "harness": "codex",
+            "status": "COMPLETED",
+            "reward": 1.0,
+            "calls": 4,
+            "main_calls": 4,
+            "prompt_tokens": prompt,
+            "prompt_after_first": prompt - 8000,
+            "cached_after_first": prompt - 9000,
+            "endpoints": 1,
+            "spliced": 3 if "splice" in config else 0,
+            "queried": float(prompt),
+            "hit": prompt - prefill,
+            "prefill": prefill,
+            "run_s": 10.0,
+            "total_s": 12.0,
+            "generated": generated,
+        }
+        if think is not None:
+            r["think"] = think
+        return r
+
+    old = [row(c, None, 30000, 200, p) for c, p in zip(prefix_cache.CONFIGS, (17000.0, 8600.0, 8500.0), strict=True)]
+    for r in old:
+        del r["generated"]  # rows saved before the column existed
+    new = [
+        row(c, 500, pr, 2400, p)
+        for c, pr, p in zip(prefix_cache.CONFIGS, (31000, 31000, 33000), (20000.0, 9800.0, 8800.0), strict=True)
+    ]
+    prefix_cache.report(old + new, "median")
+    out = capsys.readouterr().out
+    plain, reasoning = out.split("### ")[1:]
+    assert "(no reasoning)" in plain and "| codex | round_robin | 1 (1) | 4 | 30,000 | – |" in plain
+    assert "~500-token reasoning block" in reasoning and "| 2.27 |" in reasoning  # 20000 / 8800
+    assert "writes 2,400 tokens in its main calls and its unspliced prompts are 2,000 tokens shorter" in reasoning
+    for r in new:
+        r["resent_reasoning"] = 3
+    prefix_cache.report(new, "median")
+    assert "re-sends the reasoning as text in every later main call" in capsys.readouterr().out
