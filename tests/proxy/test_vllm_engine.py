@@ -229,3 +229,35 @@ def test_canonical_forced_tokens_spell_forced_and_chosen_steps_as_the_tokenizer_
         assert len(r.generation_log_probs) == len(r.generation_token_ids) and all(
             x <= 0 for x in r.generation_log_probs
         )
+
+
+def test_canonical_think_steps_keep_the_reasoning_in_the_tokenizers_spelling(vllm_qwen3, lt, tmp_path):
+    """A `think` step under `forced_tokens="canonical"`: the turn opens with thinking on, the reasoning block and the
+    call are the tokenizer's own ids, the client gets the reasoning in its own field, and the next call is spliced
+    onto those ids even though Chat history re-sends the reasoning as text."""
+    from nemo_polar.proxy import plans
+
+    h = _spliced(lt, tmp_path / "canonical-think", vllm_qwen3, forced_tokens="canonical")
+    step = {"tool": "run_shell_command", "arguments": {"command": "ls"}, "think": "Look at the files first."}
+    s = h.session(plan={"version": 1, "steps": [step, {"text": "done", "think": "Nothing else to do."}]})
+    c = openai.OpenAI(base_url=h.base_url + "/v1", api_key=s.api_key, max_retries=0)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "Look around."}]
+    m = c.chat.completions.create(model="qwen3", messages=messages, tools=TOOLS).choices[0].message
+    assert (m.model_extra or {}).get("reasoning_content") == "Look at the files first."
+    (tc,) = m.tool_calls or []
+    messages.append(m.model_dump(exclude_none=True, exclude={"annotations", "audio", "refusal", "function_call"}))
+    messages.append({"role": "tool", "tool_call_id": tc.id, "content": "a.py b.py"})
+    assert (
+        c.chat.completions.create(model="qwen3", messages=messages, tools=TOOLS).choices[0].message.content == "done"
+    )
+    first, second = h.records(s.session_id)
+    tok = h.proxy._splicer.tokenizer
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert first.generation_token_ids == [
+        *tok.encode(plans.forced_text(step, "hermes"), add_special_tokens=False),
+        im_end,
+    ]
+    assert tok.decode(first.prompt_token_ids).endswith("<|im_start|>assistant\n")
+    assert first.response["reasoning"] == "Look at the files first."
+    assert _extends(first, second) and second.upstream.get("spliced") is True
+    assert tok.decode(second.generation_token_ids).startswith("<think>\nNothing else to do.\n</think>\n\ndone")
