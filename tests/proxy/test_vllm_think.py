@@ -8,18 +8,15 @@ grammar forced with the template's thinking on, and the next call spliced onto t
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import anthropic
 import openai
 import pytest
-from aiohttp import web
 from google import genai
 from google.genai import types as gt
 
-from nemo_polar.proxy.app import Proxy, ProxyConfig
-from tests.proxy.conftest import LoopThread, ProxyHandle, http_json
+from tests.proxy.conftest import ProxyHandle, http_json
 
 pytestmark = pytest.mark.backend
 
@@ -30,30 +27,15 @@ THINK = "The test says the median of an even list is wrong.\nI read the function
 PROMPT = "Fix the median of an even list."
 
 
-@pytest.fixture(scope="module")
-def proxy(vllm_qwen3: Any, tmp_path_factory: Any) -> Iterator[ProxyHandle]:
-    lt = LoopThread()
-    p = Proxy(
-        ProxyConfig(
-            upstreams=[vllm_qwen3.base_url],
-            store_dir=str(tmp_path_factory.mktemp("think")),
-            control_token="t",
-            prefix_preserving="splice",
-            model_dir=str(vllm_qwen3.model_dir),
-            eot_token_ids=list(vllm_qwen3.eot_token_ids),
-        )
+@pytest.fixture
+def proxy(vllm_qwen3: Any, make_proxy: Any) -> ProxyHandle:
+    h: ProxyHandle = make_proxy(
+        [vllm_qwen3.base_url],
+        prefix_preserving="splice",
+        model_dir=str(vllm_qwen3.model_dir),
+        eot_token_ids=list(vllm_qwen3.eot_token_ids),
     )
-
-    async def start() -> web.AppRunner:
-        runner = p.runner()
-        await runner.setup()
-        await p.site(runner, "127.0.0.1", 0).start()
-        return runner
-
-    h = ProxyHandle(lt, p, lt.run(start()))
-    yield h
-    lt.run(h.runner.cleanup())
-    lt.stop()
+    return h
 
 
 def _chat(h: ProxyHandle, key: str, stream: bool) -> tuple[str, list[Any]]:
@@ -110,11 +92,12 @@ def _anthropic(h: ProxyHandle, key: str, stream: bool) -> tuple[str, list[Any]]:
         "messages": [{"role": "user", "content": PROMPT}],
         "tools": [{"name": TOOL, "input_schema": SCHEMA}],
     }
-    if not stream:
-        m = c.messages.create(**kw)
-    else:
+
+    def streamed() -> Any:
         with c.messages.stream(**kw) as s:
-            m = s.get_final_message()
+            return s.get_final_message()
+
+    m = streamed() if stream else c.messages.create(**kw)
     reasoning = "".join(b.thinking for b in m.content if b.type == "thinking")
     return reasoning, [(b.name, b.input) for b in m.content if b.type == "tool_use"]
 
