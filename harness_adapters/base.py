@@ -260,11 +260,14 @@ class HarnessAdapter:
         thinking model writes before acting) goes with the first native step it resolves to.
         """
         steps = self._resolve(step, ctx)
-        think = step.get("think")
-        if think is not None and "choose" not in step:
-            if not isinstance(think, str) or not think.strip():
-                raise PlanError(f"a step's think must be non-empty text: {step!r}")
-            steps[0] = {**steps[0], "think": think}
+        if "think" not in step:
+            return steps
+        think = step["think"]
+        if not isinstance(think, str) or not think.strip() or "</think>" in think:
+            raise PlanError(f"a step's think must be non-empty text without </think>: {step!r}")
+        if "choose" in step or not any(k in steps[0] for k in ("tool", "text")):
+            raise PlanError(f"only tool, text and harness-neutral steps (and choose options) think: {step!r}")
+        steps[0] = {**steps[0], "think": think}
         return steps
 
     def _resolve(self, step: Mapping[str, Any], ctx: HarnessContext) -> list[dict[str, Any]]:

@@ -86,7 +86,9 @@ MODELS: dict[str, ModelSpec] = {
         recipe="recipe_tiny_qwen3.py",
         kv_cache_bytes=_GIB // 2,  # 2 KiB a token: 262k tokens, 6 full-length sessions at once
         # a plan step's `think` text is forced by a grammar, which vLLM applies inside the reasoning block only with
-        # enable_in_reasoning (without a reasoning parser, as for smollm2, grammars always apply from the start)
+        # enable_in_reasoning. Server-wide: a live call's own grammar (response_format, a required or named
+        # tool_choice) then also constrains its reasoning, so with thinking on the model cannot reason before a
+        # constrained answer; for this random-weight test model that changes nothing worth keeping.
         server_args=("--reasoning-parser", "qwen3", "--structured-outputs-config.enable_in_reasoning", "true"),
     ),
 }

@@ -200,7 +200,9 @@ class Generator:
     async def _forced(self, ctx: CallContext, text: str | list[str]) -> Generation:
         """A forced step (one text), or a `choose` step (a live sample the grammar restricts to these texts)."""
         choices = [text] if isinstance(text, str) else text
-        thinking = [plans.thinks(c) for c in choices]
+        assert ctx.step is not None
+        steps = [ctx.step] if isinstance(text, str) else ctx.step["choose"]
+        thinking = [plans.thinks(s) for s in steps]
         if any(thinking) and not all(thinking):
             raise ProviderError(500, "api_error", "a choose step's options must all think or all not (plan error)")
         call = ctx.call
@@ -229,13 +231,19 @@ class Generator:
             gen = await self.engine.chat(call)  # the grammar fixes the text: no required prefix is sent
         res = gen.result
         assert res is not None
-        if all(thinking) and (res.reasoning or "").strip("\n") not in {plans.parse_hermes(c)[1] for c in choices}:
-            raise ProviderError(
-                502,
-                "api_error",
-                "the engine did not apply the plan's grammar inside the reasoning block: serve the model with "
-                "--structured-outputs-config.enable_in_reasoning true (polar backend does)",
-            )
+        if all(thinking):
+            if (res.reasoning or "").strip("\n") not in {plans.parse_hermes(c)[1] for c in choices}:
+                raise ProviderError(
+                    502,
+                    "api_error",
+                    "the engine returned no reasoning equal to the plan step's think text: serve the model with a "
+                    "reasoning parser (vLLM --reasoning-parser) and the grammar applied inside the reasoning block "
+                    "(--structured-outputs-config.enable_in_reasoning true); polar backend does both for tiny-qwen3",
+                )
+            # what follows `</think>` starts with the template's blank line: the answer a harness sees is the step's
+            # text alone, as on the spliced path (`plans.parse_hermes`); the token ids keep every generated token
+            if res.content is not None:
+                res.content = res.content.strip() if res.tool_calls else res.content.lstrip()
         gen.extra["forced_text" if isinstance(text, str) else "choices"] = text
         gen.extra["grammar_log_probs"] = res.generation_log_probs
         limit = self.config.rescore_forced_max_prompt_tokens
@@ -313,7 +321,7 @@ class Generator:
             raise ProviderError(500, "api_error", f"plan replays record {record_id!r}, which is missing or failed")
         res = plans.result_from_record(src)
         gen = Generation(result=res, sent_at=time.time(), extra={"replayed_from": record_id})
-        if "sampling" in src.request:  # render the prompt as the recorded call was rendered (forced: thinking off)
+        if "sampling" in src.request:  # render the prompt as the recorded call was rendered (its thinking setting)
             ctk = src.request["sampling"].get("chat_template_kwargs")
             call.sampling = {k: v for k, v in call.sampling.items() if k != "chat_template_kwargs"}
             if ctk:
@@ -343,7 +351,7 @@ class Generator:
             exclude = src.response if exclude is None else exclude
             if ctk is None:
                 ctk = (src.request.get("sampling") or {}).get("chat_template_kwargs")
-        if ctk is not None:  # the context the excluded call was sampled in (a forced call: thinking off)
+        if ctk is not None:  # the context the excluded call was sampled in (a forced call: its step's thinking)
             call.sampling = {**call.sampling, "chat_template_kwargs": dict(ctk)}
         prompt = await self._spliced_prompt(ctx)
         gens: list[Generation] = []

@@ -66,9 +66,10 @@ def forced_text(step: dict[str, Any], tool_call_format: str = "hermes") -> str |
     return f"<think>\n{think.strip(chr(10))}\n</think>\n\n{body}"
 
 
-def thinks(text: str) -> bool:
-    """Whether a forced text starts with a reasoning block (the step is generated with thinking on)."""
-    return text.startswith("<think>\n")
+def thinks(step: dict[str, Any]) -> bool:
+    """Whether a forced step carries a reasoning block (it is generated with thinking on): its `think` field, not
+    its text (a `text` step may itself start with `<think>` and is then forced as written, thinking off)."""
+    return step.get("think") is not None
 
 
 def _forced_body(step: dict[str, Any], tool_call_format: str) -> str | None:

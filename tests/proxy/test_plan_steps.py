@@ -227,12 +227,13 @@ def test_think_steps_force_a_reasoning_block_and_bad_ones_are_refused() -> None:
 
     step = {"tool": "bash", "arguments": {"command": "ls"}, "think": "\nlook first\n"}
     kind, text = plan_kind(Plan.parse({"steps": [step]}).steps[0], "hermes")
-    assert kind == FORCED and text is not None and plans.thinks(text)
+    assert kind == FORCED and text is not None and plans.thinks(step)
     assert text == "<think>\nlook first\n</think>\n\n" + plans.forced_text(
         {k: v for k, v in step.items() if k != "think"}
     )
     assert plans.parse_hermes(text)[1] == "look first"
-    assert not plans.thinks(plans.forced_text({"text": "done"}) or "")
+    # a text that merely starts like a reasoning block is forced as written, thinking off
+    assert not plans.thinks({"text": "<think>\nq\n</think>\n\na"})
     for bad in (
         {"text": "x", "think": ""},
         {"text": "x", "think": 3},
@@ -249,8 +250,16 @@ def test_think_steps_force_a_reasoning_block_and_bad_ones_are_refused() -> None:
     assert shell == {"tool": "bash", "arguments": {"command": "ls"}, "think": "list"}
     read, edit = ClaudeCodeAdapter().resolve_step({"edit": {"path": "a", "old": "x", "new": "y"}, "think": "fix"}, ctx)
     assert read["think"] == "fix" and "think" not in edit  # the reasoning comes before the first action
-    with pytest.raises(PlanError):
-        ShellAdapter().resolve_step({"choose": [{"shell": "ls", "think": "a"}, {"shell": "pwd"}]}, ctx)
+    for bad in (
+        {"choose": [{"shell": "ls", "think": "a"}, {"shell": "pwd"}]},
+        {"choose": [{"shell": "ls"}], "think": "a"},  # a choose step's reasoning goes on its options
+        {"shell": "ls", "think": "a </think> b"},
+        {"shell": "ls", "think": None},
+        {"live": True, "think": "a"},
+        {"replay": "r1", "think": "a"},
+    ):
+        with pytest.raises(PlanError):
+            ShellAdapter().resolve_step(bad, ctx)
 
 
 def test_a_think_step_an_engine_did_not_force_is_a_retryable_error_naming_the_flag(fake_upstream, make_proxy) -> None:  # type: ignore[no-untyped-def]
@@ -260,7 +269,8 @@ def test_a_think_step_an_engine_did_not_force_is_a_retryable_error_naming_the_fl
     s = h.session(plan={"version": 1, "steps": [{"text": "done", "think": "check"}]})
     with pytest.raises(openai.InternalServerError) as err:
         _oa(h, s.api_key).chat.completions.create(model="m", messages=MSG)
-    assert err.value.status_code == 502 and "enable_in_reasoning" in str(err.value)
+    assert err.value.status_code == 502
+    assert "enable_in_reasoning" in str(err.value) and "--reasoning-parser" in str(err.value)
     (sent,) = fake.requests
     assert sent["chat_template_kwargs"]["enable_thinking"] is True and sent["max_tokens"] > len("done")
     (rec,) = h.records(s.session_id)

@@ -150,6 +150,29 @@ def test_a_think_step_reaches_each_client_as_its_reasoning(proxy, vllm_qwen3, ki
     assert rec.request["sampling"]["chat_template_kwargs"]["enable_thinking"] is True
 
 
+@pytest.mark.parametrize("splice", [False, True], ids=["rendered", "spliced"])
+def test_the_answer_after_the_reasoning_is_the_steps_text_alone(vllm_qwen3, make_proxy, splice):
+    """vLLM's reasoning parser leaves the template's blank line after `</think>` in the content; the harness gets the
+    step's text (or no text beside a tool call), whether the call is rendered by vLLM or spliced by the proxy."""
+    cfg = {"prefix_preserving": "splice", "model_dir": str(vllm_qwen3.model_dir)} if splice else {}
+    h = make_proxy([vllm_qwen3.base_url], eot_token_ids=list(vllm_qwen3.eot_token_ids), **cfg)
+    steps = [{"tool": TOOL, "arguments": ARGS, "think": THINK}, {"text": "done", "think": "All tests pass now."}]
+    s = h.session(plan={"version": 1, "steps": steps})
+    c = openai.OpenAI(base_url=h.base_url + "/v1", api_key=s.api_key, max_retries=0)
+    tools = [{"type": "function", "function": {"name": TOOL, "parameters": SCHEMA}}]
+    msgs: list[Any] = [{"role": "user", "content": PROMPT}]
+    m = c.chat.completions.create(model="gpt-5", messages=msgs, tools=tools).choices[0].message
+    assert not m.content and len(m.tool_calls or []) == 1
+    tc = m.tool_calls[0]
+    msgs += [
+        {"role": "assistant", "content": None, "tool_calls": [tc.model_dump(include={"id", "type", "function"})]},
+        {"role": "tool", "tool_call_id": tc.id, "content": "def median(xs): ..."},
+    ]
+    m = c.chat.completions.create(model="gpt-5", messages=msgs, tools=tools).choices[0].message
+    assert m.content == "done" and (m.model_extra or {}).get("reasoning_content", "").strip() == "All tests pass now."
+    assert [bool(r.upstream.get("spliced")) for r in h.records(s.session_id)] == [False, splice]
+
+
 def test_the_next_call_splices_onto_the_reasoning_tokens(proxy, vllm_qwen3):
     """Qwen Code's Chat history drops the reasoning it was sent; the spliced prompt keeps the ids generated."""
     steps = [{"tool": TOOL, "arguments": ARGS, "think": THINK}, {"text": "done"}]
