@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from nemo_polar.errors import PlanError
-from nemo_polar.types import CallKind
+from nemo_polar.types import CallKind, check_think, mixed_thinking
 
 __all__ = [
     "IDLE_MARGIN_S",
@@ -262,12 +262,13 @@ class HarnessAdapter:
         steps = self._resolve(step, ctx)
         if "think" not in step:
             return steps
-        think = step["think"]
-        if not isinstance(think, str) or not think.strip() or "</think>" in think:
-            raise PlanError(f"a step's think must be non-empty text without </think>: {step!r}")
+        try:
+            check_think(step["think"])
+        except ValueError as exc:
+            raise PlanError(f"{exc}: {step!r}") from None
         if "choose" in step or not any(k in steps[0] for k in ("tool", "text")):
             raise PlanError(f"only tool, text and harness-neutral steps (and choose options) think: {step!r}")
-        steps[0] = {**steps[0], "think": think}
+        steps[0] = {**steps[0], "think": step["think"]}
         return steps
 
     def _resolve(self, step: Mapping[str, Any], ctx: HarnessContext) -> list[dict[str, Any]]:
@@ -275,7 +276,7 @@ class HarnessAdapter:
             options = [self.resolve_step(o, ctx) if isinstance(o, Mapping) else [o] for o in step["choose"]]
             if any(len(o) != 1 for o in options):
                 raise PlanError(f"{self.name}: a choose option must resolve to exactly one step: {step!r}")
-            if len({"think" in o[0] for o in options}) > 1:
+            if mixed_thinking([o[0] for o in options]):
                 raise PlanError(f"{self.name}: a choose step's options must all think or all not: {step!r}")
             return [{**step, "choose": [o[0] for o in options]}]
         if "shell" in step:

@@ -42,9 +42,11 @@ __all__ = [
     "TrajectoryStats",
     "TrajectoryStatus",
     "ValidationError",
+    "check_think",
     "decode_array",
     "encode_array",
     "id_list",
+    "mixed_thinking",
 ]
 
 
@@ -152,6 +154,17 @@ def decode_array(value: Any) -> list[Any]:
             return np.frombuffer(base64.b64decode(value[len(_F64) :]), dtype="<f8").tolist()
         raise ValueError(f"not an encoded array: {value[:16]!r}")
     return list(value)
+
+
+def check_think(think: Any) -> None:
+    """A plan step's `think` (docs/contracts.md, plans) must be non-empty text without `</think>` (ValueError)."""
+    if not isinstance(think, str) or not think.strip() or "</think>" in think:
+        raise ValueError(f"a step's think must be non-empty text without </think>: {think!r}")
+
+
+def mixed_thinking(options: Iterable[Any]) -> bool:
+    """Whether some options of a `choose` step think and others do not (one prompt cannot render both)."""
+    return len({isinstance(o, dict) and o.get("think") is not None for o in options}) > 1
 
 
 def _check_ids(name: str, ids: Any, errors: list[str]) -> None:

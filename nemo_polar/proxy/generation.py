@@ -29,7 +29,7 @@ from nemo_polar.proxy.engines.base import Engine, EngineCall, Generation
 from nemo_polar.proxy.normalized import ChatResult, ProviderError, StreamEvent
 from nemo_polar.proxy.sessions import Session
 from nemo_polar.proxy.store import RecordStore
-from nemo_polar.types import CallKind, Origin, id_list
+from nemo_polar.types import CallKind, Origin, id_list, mixed_thinking
 
 __all__ = ["CallContext", "Generator", "plan_kind"]
 
@@ -202,13 +202,13 @@ class Generator:
         choices = [text] if isinstance(text, str) else text
         assert ctx.step is not None
         steps = [ctx.step] if isinstance(text, str) else ctx.step["choose"]
-        thinking = [plans.thinks(s) for s in steps]
-        if any(thinking) and not all(thinking):
+        if mixed_thinking(steps):  # a Plan built in Python skips Plan.parse's check
             raise ProviderError(500, "api_error", "a choose step's options must all think or all not (plan error)")
         call = ctx.call
         # thinking on only where the step forces a reasoning block: the template then opens the turn bare and the
         # grammar writes `<think>…</think>`; otherwise the template closes an empty block before the forced text
-        ctk = {**(call.sampling.get("chat_template_kwargs") or {}), "enable_thinking": all(thinking)}
+        thinking = plans.thinks(steps[0])
+        ctk = {**(call.sampling.get("chat_template_kwargs") or {}), "enable_thinking": thinking}
         # the grammar ends the generation with the forced text: a max_tokens cap could only truncate it
         call.sampling = {k: v for k, v in call.sampling.items() if k != "max_tokens"}
         call.sampling["chat_template_kwargs"] = ctk
@@ -224,14 +224,14 @@ class Generator:
             gen = await self._complete_spliced(call, prompt, extra=extra)
         else:
             call.extra.update(extra)
-            if all(thinking):  # an engine that lets the model reason unconstrained stops at the bound, not 40k
+            if thinking:  # an engine that lets the model reason unconstrained stops at the bound, not 40k
                 call.sampling["max_tokens"] = bound
             if call.request.tools and call.request.tool_choice not in (None, "auto"):
                 call.request.tool_choice = "auto"  # the grammar decides; a named/required choice would conflict
             gen = await self.engine.chat(call)  # the grammar fixes the text: no required prefix is sent
         res = gen.result
         assert res is not None
-        if all(thinking):
+        if thinking:
             if (res.reasoning or "").strip("\n") not in {plans.parse_hermes(c)[1] for c in choices}:
                 raise ProviderError(
                     502,

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from nemo_polar.proxy.normalized import ChatResult, ToolCall
-from nemo_polar.types import CompletionRecord
+from nemo_polar.types import CompletionRecord, check_think
 
 __all__ = [
     "NextBest",
@@ -60,10 +60,8 @@ def forced_text(step: dict[str, Any], tool_call_format: str = "hermes") -> str |
     body = _forced_body(step, tool_call_format)
     if body is None or step.get("think") is None:
         return body
-    think = step["think"]
-    if not isinstance(think, str) or not think.strip() or "</think>" in think:
-        raise ValueError(f"a plan step's think must be non-empty text without </think>: {think!r}")
-    return f"<think>\n{think.strip(chr(10))}\n</think>\n\n{body}"
+    check_think(step["think"])
+    return f"<think>\n{step['think'].strip(chr(10))}\n</think>\n\n{body}"
 
 
 def thinks(step: dict[str, Any]) -> bool:

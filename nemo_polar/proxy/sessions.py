@@ -22,7 +22,7 @@ from typing import Any
 from nemo_polar.errors import PlanError, PolarError
 from nemo_polar.proxy import plans
 from nemo_polar.proxy.store import RecordStore
-from nemo_polar.types import CallKind
+from nemo_polar.types import CallKind, check_think, mixed_thinking
 
 __all__ = ["Classifier", "Plan", "PlanError", "Session", "SessionError", "SessionManager"]
 
@@ -78,11 +78,12 @@ class Plan:
             raise PlanError(f"{where} must have exactly one of {list(_STEP_KINDS)}")
         kind = kinds[0]
         if "think" in step:
-            think = step["think"]
             if kind not in ("tool", "text"):
                 raise PlanError(f"{where}.think: only tool and text steps force a reasoning block")
-            if not isinstance(think, str) or not think.strip() or "</think>" in think:
-                raise PlanError(f"{where}.think must be non-empty text without </think>")
+            try:
+                check_think(step["think"])
+            except ValueError as exc:
+                raise PlanError(f"{where}: {exc}") from None
         if kind == "tool":
             if not isinstance(step["tool"], str) or not step["tool"]:
                 raise PlanError(f"{where}.tool must be a tool name")
@@ -98,7 +99,7 @@ class Plan:
                 if not isinstance(option, dict) or not any(k in option for k in ("tool", "text")):
                     raise PlanError(f"{where}.choose[{i}] must be a tool or text step")
                 Plan._check_step(option, f"{where}.choose[{i}]")
-            if len({"think" in o for o in options}) > 1:
+            if mixed_thinking(options):
                 raise PlanError(f"{where}.choose: the options must all think or all not (one prompt renders them)")
         elif kind == "live" and step["live"] is not True:
             raise PlanError(f"{where}.live must be true")
