@@ -39,7 +39,7 @@ train-smoke: venv nemo-rl
 	@$(POLAR) train --smoke
 
 # issue 24: GRPO learning curves (outcome broadcast vs CALL-CREDIT vs per_request + CALL-CREDIT, 3 seeds) through the
-# same real path, shell harness + tests/harness/tiny_agent.py, vLLM restarted on each policy's weights; writes
+# same real path, shell harness + nemo_polar/examples/tiny_agent.py, vLLM restarted on each policy's weights; writes
 # benchmarks/learning_curve.{json,svg} and the RESULTS.md section text (benchmarks/learning_curve.md); ~25 min
 learning-curve: venv nemo-rl
 	@$(POLAR) backend prepare --models tiny-qwen3

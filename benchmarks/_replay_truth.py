@@ -8,7 +8,7 @@ A helper of `credit_fidelity.py`, which runs it beside the simulator (`make benc
 What runs: the rollout service in this process (rollout server, one gateway, its hosted proxy) in front of the
 proxy's FAKE upstream (named as a fake; `--upstream` takes a real vLLM instead). Every model call of these
 sessions is a forced or replayed plan step, so the upstream decides nothing: the harness (`shell` running
-tests/harness/tiny_agent.py, a real OpenAI-SDK tool loop), the runtime, the proxy's plan steps and the `swe_tests`
+nemo_polar/examples/tiny_agent.py, a real OpenAI-SDK tool loop), the runtime, the proxy's plan steps and the `swe_tests`
 evaluator are what produce the outcome. Per example task, a GRPO group of two sessions is recorded: its `fix_plan`
 (reward 1) and its `noop_plan` (reward 0). Then, for every call k of both sessions, `credit.RolloutRunner` re-runs
 the session with the calls before k replayed token for token, NULL at k (a no-op shell call, `true`: the step spent
@@ -26,13 +26,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-from _path import REPO  # polar_lab (the simulator, the fake upstream) lives at the repository root
+import _path  # noqa: F401  (the repository root, for polar_lab: the simulator, the fake upstream)
 from nemo_polar.credit import CallCreditConfig, annotate, assign
 from nemo_polar.credit.counterfactual import Alternative, CounterfactualRequest
 from nemo_polar.credit.counterfactual_rollout import RolloutRunner
@@ -43,7 +42,6 @@ from nemo_polar.types import CompletionRecord, SessionResult
 from polar_lab.credit_sim.fidelity import spearman
 
 EXAMPLES = ("median", "slugify", "lru_cache", "roman", "intervals")
-TINY_AGENT = REPO / "tests" / "harness" / "tiny_agent.py"
 NULL_STEP = {"tool": "bash", "arguments": {"command": "true"}}
 
 
@@ -74,7 +72,7 @@ def example_task(name: str) -> TaskSpec:
                 "harness": "shell",
                 "timeout_s": 120,
                 "sampling": {"temperature": 0.0, "max_tokens": 32},
-                "options": {"command_line": f"{sys.executable} {TINY_AGENT} {{instruction}}"},
+                "options": {"command_line": examples.tiny_agent_command()},
             },
             "builder": "per_request",
             "evaluator": {

@@ -85,6 +85,14 @@ def reset_prefix_cache(base_urls: list[str], tries: int = 20) -> None:
             raise RuntimeError(f"{url}: vLLM did not reset its prefix cache after {tries} tries ({body!r})")
 
 
+def agent_options(harness: str) -> dict[str, Any]:
+    """The adapter options a benchmark session runs with; the `shell` harness runs the shipped agent of one's own
+    (`nemo_polar/examples/tiny_agent.py`)."""
+    from nemo_polar.examples import tiny_agent_command
+
+    return {"max_turns": 12, **({"command_line": tiny_agent_command()} if harness == "shell" else {})}
+
+
 def example_task(name: str, harness: str, *, plan: str, task_id: str, builder: str) -> Any:
     """One sandboxed session of example `name` driven by its `plan` (`fix_plan` / `noop_plan`), graded by its tests."""
     from tests.rollout.helpers import example_task as make
@@ -94,7 +102,7 @@ def example_task(name: str, harness: str, *, plan: str, task_id: str, builder: s
         task_id=task_id,
         plans=(plan,),
         runtime={"isolation": "sandbox", "source": f"example:{name}"},
-        agent={"harness": harness, "timeout_s": 300, "options": {"max_turns": 12}, "sampling": SAMPLING},
+        agent={"harness": harness, "timeout_s": 300, "options": agent_options(harness), "sampling": SAMPLING},
         builder=builder,
         timeout_s=600,
     )
@@ -120,7 +128,7 @@ def pybugs_task(name: str, harness: str, *, runtime: str, task_id: str, builder:
     (bug,) = select([name])
     images = {bug.name: image} if image else None
     (task,) = task_specs([bug], runtime=runtime, images=images, harness=harness, plans=("fix",))
-    agent = task.agent.model_copy(update={"timeout_s": 300, "options": {"max_turns": 12}, "sampling": SAMPLING})
+    agent = task.agent.model_copy(update={"timeout_s": 300, "options": agent_options(harness), "sampling": SAMPLING})
     return task.model_copy(
         update={
             "task_id": task_id,

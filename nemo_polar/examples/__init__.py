@@ -7,19 +7,27 @@ in the plan format of docs/contracts.md — `fix_plan` (harness-neutral `shell` 
 `noop_plan` (a text answer only). The repos use only the standard library (pytest runs their tests); each has a
 `pytest.ini`, so pytest's rootdir is the repo even when the run directory lies inside another project.
 
+`tiny_agent.py` beside them is a minimal agent of one's own for the `shell` harness; `tiny_agent_command()` is its
+command line.
+
 This module loads and materialises the data; it runs nothing.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
+import sys
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ExampleTask", "load", "materialize", "names"]
+__all__ = ["TINY_AGENT", "ExampleTask", "load", "materialize", "names", "tiny_agent_command"]
+
+# the shipped agent of one's own (a script, not imported here: it needs the `openai` package)
+TINY_AGENT = Path(__file__).with_name("tiny_agent.py")
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,3 +76,9 @@ def materialize(name: str, dest: str | Path) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
     return dest
+
+
+def tiny_agent_command(python: str | None = None) -> str:
+    """The `shell` harness's `command_line` that runs `tiny_agent.py` with `python` (default: this interpreter,
+    which the bubblewrap and container runtimes show inside at its host path)."""
+    return f"{shlex.quote(python or sys.executable)} {shlex.quote(str(TINY_AGENT))} {{instruction}}"

@@ -47,7 +47,9 @@ def test_args_quick_and_full_modes() -> None:
     assert b.tasks == ["median"] and b.harnesses == ["claude_code", "codex", "qwen_code"] and b.sessions == 1
     full = session_budget.parse_args([])
     assert full.tasks == ["median", "pybugs:inflection-ordinal"] and full.sessions == 3 and full.runtimes == ["local"]
-    assert "shell" not in full.harnesses and "mini_swe_agent" in full.harnesses
+    assert "shell" in full.harnesses and "mini_swe_agent" in full.harnesses  # shell: the shipped tiny_agent.py
+    assert str(_rollout.agent_options("shell")["command_line"]).endswith("examples/tiny_agent.py {instruction}")
+    assert "command_line" not in _rollout.agent_options("pi")
     # example tasks run in bubblewrap only; a real-repository task in each runtime asked for
     two = session_budget.parse_args(["--tasks", "roman,pybugs:inflection-ordinal", "--runtimes", "local,docker"])
     assert session_budget.workloads(two) == [

@@ -42,7 +42,6 @@ from tests.proxy.conftest import LoopThread
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
 LABELS = REPO / "credit" / "data" / "role_labels.jsonl"
-TINY_AGENT = REPO / "tests" / "harness" / "tiny_agent.py"
 MODEL = "tiny-qwen3"
 WORK_ALIAS, HOME_ALIAS = "/srv/app", "/home/user"
 SPLIT_SEED = "polar-role-labels-capture-v1"
@@ -157,11 +156,12 @@ def seed_project(work: Path) -> None:
 
 
 def _context(adapter: Any, base_url: str, api_key: str, work: Path, home: Path) -> Any:
+    from nemo_polar.examples import tiny_agent_command
     from nemo_polar.runtime.harness import make_context
 
     extra: dict[str, Any] = {"max_turns": 80}
     if adapter.name == "shell":
-        extra["command_line"] = f"{sys.executable} {TINY_AGENT} {{instruction}}"
+        extra["command_line"] = tiny_agent_command()
     return make_context(adapter, base_url=base_url, api_key=api_key, model=MODEL, workdir=work, home=home, **extra)
 
 

