@@ -17,10 +17,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from openai import OpenAI
 
-TOOLS = [
+TOOLS: list[Any] = [
     {
         "type": "function",
         "function": {
@@ -75,7 +76,7 @@ def run_tool(name: str, args: dict[str, str]) -> str:
 
 def main() -> int:
     client = OpenAI(timeout=600, max_retries=3)
-    messages: list[dict[str, object]] = [
+    messages: list[Any] = [
         {"role": "system", "content": "You are a coding agent. Use the tools."},
         {"role": "user", "content": sys.argv[1]},
     ]
@@ -87,7 +88,10 @@ def main() -> int:
             print(msg.content)
             return 0
         for call in msg.tool_calls:
-            result = run_tool(call.function.name, json.loads(call.function.arguments or "{}"))
+            if call.type != "function":  # a free-form (custom) tool call: this agent declares no such tool
+                result = f"error: unknown tool call type {call.type}"
+            else:
+                result = run_tool(call.function.name, json.loads(call.function.arguments or "{}"))
             messages.append({"role": "tool", "tool_call_id": call.id, "content": result})
     return 1
 
