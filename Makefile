@@ -69,9 +69,10 @@ demo: venv deps
 	@$(POLAR) demo
 
 # every benchmark script, one after the other (each prints its own side-by-side ratios); writes benchmarks/RESULTS.md
-# (prefix_cache and session_budget drive the real harness CLIs)
-bench: venv backend harnesses
-	@$(PY) benchmarks/_tables.py --out benchmarks/RESULTS.md
+# (prefix_cache and session_budget drive the real harness CLIs, session_budget in bubblewrap, Docker and Podman);
+# `make bench ONLY=proxy_overhead,peers` re-runs those alone and replaces only their sections
+bench: venv deps backend harnesses images
+	@$(PY) benchmarks/_tables.py --out benchmarks/RESULTS.md $(if $(ONLY),--only $(ONLY))
 
 clean:
 	rm -rf build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache

@@ -8,7 +8,9 @@ RESULTS.md: its printed output is kept verbatim under its name.
     .venv/bin/python benchmarks/_tables.py [--out benchmarks/RESULTS.md] [--only peers,gateway_scale]
 
 runs every `benchmarks/*.py` (not `_*.py`) one after the other (with its `SCRIPT_ARGS`, if any) and writes
-RESULTS.md: date, machine, versions, then each script's tables and wall time. A script that fails is reported with its exit status and the run goes on.
+RESULTS.md: date, machine, versions, then each script's tables, wall time and date. A script that fails is reported
+with its exit status and the run goes on. With `--only` the file's other sections and its head stay: each section
+run replaces the one of the same script and arguments (or goes in by name), so one benchmark is re-run alone.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ SCRIPT_ARGS: dict[str, list[str]] = {
     "session_budget": ["--runtimes", "local,docker,podman"],
     "learning_curve": ["--quick"],  # 1 seed, 3 steps, 2 arms; the full run is `make learning-curve`
     "proxy_flags": ["--arm", "off=--store-direct-io off", "--arm", "default="],  # the payload file's direct writes
+    "proxy_overhead": ["--rounds", "5"],  # the long-stream mix's whole-mix rows: the median of 5 rounds
 }
 
 
@@ -107,6 +110,25 @@ def _versions() -> str:
     return ", ".join(out)
 
 
+def _name(section: str) -> str:
+    """A section's script and arguments: the text between the backticks of its `## ` line."""
+    return section.split("`", 2)[1]
+
+
+def merge(text: str, sections: list[str]) -> str:
+    """RESULTS.md `text` with `sections` put in: each replaces the section of the same script and arguments, or
+    goes in by name among the others; every other section and the head stay as they were (`--only`)."""
+    head, *old = text.split("\n## `")
+    kept = ["## `" + o.rstrip("\n") + "\n" for o in old]
+    for new in sections:
+        names = [_name(k) for k in kept]
+        if _name(new) in names:
+            kept[names.index(_name(new))] = new
+        else:
+            kept.insert(sum(n < _name(new) for n in names), new)
+    return head.rstrip("\n") + "\n\n" + "\n".join(kept)
+
+
 def run_all(out: Path, only: set[str] | None) -> int:
     scripts = sorted(p for p in HERE.glob("*.py") if not p.name.startswith("_"))
     if only:
@@ -141,8 +163,13 @@ def run_all(out: Path, only: set[str] | None) -> int:
         failed += rc != 0
         body = tables if tables.strip() else "```\n" + "".join(printed).strip() + "\n```\n"
         name = " ".join([script.name, *extra])
-        sections.append(f"## `{name}` ({wall:.0f} s, load average {_load():.1f} at its end){status}\n\n{body}")
+        when = f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC"
+        sections.append(f"## `{name}` ({wall:.0f} s, {when}, load average {_load():.1f} at its end){status}\n\n{body}")
     total = time.time() - started
+    if only and out.exists():
+        out.write_text(merge(out.read_text(encoding="utf-8"), sections), encoding="utf-8")
+        print(f"updated {len(sections)} section(s) of {out} ({total / 60:.1f} min, {failed} script(s) failed)")
+        return 1 if failed else 0
     head = [
         "# Benchmark results",
         "",
