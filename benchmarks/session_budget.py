@@ -276,7 +276,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="one example task (median), three CLIs, one session each")
-    ap.add_argument("--harnesses", default=None, help="comma-separated (default: every harness: the CLIs and shell, running tiny_agent.py)")
+    ap.add_argument(
+        "--harnesses",
+        default=None,
+        help="comma-separated (default: every harness: the CLIs and shell, running tiny_agent.py)",
+    )
     ap.add_argument(
         "--tasks",
         default=None,
