@@ -282,7 +282,7 @@ class DirectLogprobs(Direct):
     """Direct, with the token-capture fields polar's vLLM engine adds to every request (`engines/vllm.py`)."""
 
     def wire(self, body: dict[str, Any]) -> dict[str, Any]:
-        out = {**body, "return_token_ids": True, "logprobs": True, "top_logprobs": 0}
+        out = {**body, **po.CAPTURE_FIELDS}
         if out.get("stream"):
             out["stream_options"] = {"include_usage": True}
         return out

@@ -50,6 +50,7 @@ import aiohttp
 from _workdir import release, work_dir
 
 from nemo_polar.backend.server import free_port
+from nemo_polar.proxy.engines.vllm import CAPTURE_FIELDS
 
 CONTROL = "bench-control-token"
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -355,11 +356,11 @@ def run_suite(
     rows = []
     for c, n in plan.items():
         base: dict[str, Any] = {}
-        targets = [(name, url, headers, pid, body) for name, url, headers, pid in stack.targets()]
-        direct = [
-            (n_, t[1], t[2], None, b) for t in targets if t[0] == "direct" for n_, b in (direct_variants or {}).items()
-        ]
-        targets[1:1] = direct
+        targets = []
+        for name, url, headers, pid in stack.targets():
+            targets.append((name, url, headers, pid, body))
+            if name == "direct":
+                targets += [(v, url, headers, None, b) for v, b in (direct_variants or {}).items()]
         for name, url, headers, pid, sent in targets:
             lat, wall, cpu_s, sys_s = asyncio.run(_drive(url, headers, sent, c, n, pid))
             cpu = None if cpu_s is None else cpu_s / n
@@ -870,8 +871,6 @@ def _vllm_stream_cpu(base_url: str, model: str, n: int) -> list[dict[str, Any]]:
 
 
 STREAM_TOKENS = 128
-# the token-capture fields the proxy's vLLM engine adds to every request (nemo_polar/proxy/engines/vllm.py)
-CAPTURE_FIELDS = {"return_token_ids": True, "logprobs": True, "top_logprobs": 0}
 
 
 def _stream_interval_rows(base_url: str, model: str, n: int, tokens: int = STREAM_TOKENS) -> list[dict[str, Any]]:
@@ -881,7 +880,7 @@ def _stream_interval_rows(base_url: str, model: str, n: int, tokens: int = STREA
 
     async def one(http: aiohttp.ClientSession, interval: int, keep: bool = True) -> None:
         body = {**request_body(model, tokens), "stream": True, "ignore_eos": True, "stream_interval": interval}
-        body.update({"return_token_ids": True, "logprobs": True, "top_logprobs": 0})
+        body.update(CAPTURE_FIELDS)
         t0 = time.perf_counter()
         first, chunks, stamps, buf = None, 0, [], b""
         async with http.post(base_url + "/v1/chat/completions", json=body) as r:

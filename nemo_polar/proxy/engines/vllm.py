@@ -38,7 +38,10 @@ from nemo_polar.proxy.normalized import ChatResult, StreamEvent
 from nemo_polar.proxy.upstream_http import UpstreamDisconnected, UpstreamTimeout
 from nemo_polar.types import TokenIds
 
-__all__ = ["ANSWER_READER", "VLLMEngine", "fast_answer"]
+__all__ = ["ANSWER_READER", "CAPTURE_FIELDS", "VLLMEngine", "fast_answer"]
+
+# what every request asks vLLM for, streamed or not: the token ids and each sampled token's logprob
+CAPTURE_FIELDS: dict[str, Any] = {"return_token_ids": True, "logprobs": True, "top_logprobs": 0}
 
 
 class VLLMEngine(OpenAIServerEngine):
@@ -55,7 +58,7 @@ class VLLMEngine(OpenAIServerEngine):
     # -- request --------------------------------------------------------------------------------------------------
 
     def token_fields(self, stream: bool) -> dict[str, Any]:
-        fields: dict[str, Any] = {"return_token_ids": True, "logprobs": True, "top_logprobs": 0, "stream": stream}
+        fields: dict[str, Any] = {**CAPTURE_FIELDS, "stream": stream}
         if stream:
             fields["stream_options"] = {"include_usage": True}
             if self.stream_interval:
