@@ -10,13 +10,17 @@ how many rounds the arm used less CPU. Every proxy runs the same code, so nothin
 two checkouts needs two copies of the code and a neutral working directory: docs/performance.md, "A flaw in the
 earlier A/B runs"). `--code NAME=DIR` makes arm NAME's proxy import the package from DIR instead (a checkout of
 another commit, its C modules built or copied in): the proxies then start from an empty working directory, and the
-run stops if an arm's proxy loaded its C scanner from anywhere else.
+run stops if an arm's proxy loaded its C scanner from anywhere else; a checkout older than session deltas (no
+`--no-session-deltas` flag in its CLI, nothing to switch off) runs without that flag. `--request reference` sends
+docs/performance.md's 4.5 KB request (64 tokens, not streamed) to an instant FAKE upstream instead of the mix: with
+`--code` and `--c 1`, the proxy at another commit against this one on the request the issue's "no worse" is about.
 
     .venv/bin/python benchmarks/proxy_flags.py --arm off="--store-direct-io off" --arm auto="" [--c 64]
         [--rounds 12] [--n 4000] [--tokens-per-chunk 1]
     git worktree add /tmp/old HEAD~1 && cp nemo_polar/*.so /tmp/old/nemo_polar/ && \
         cp nemo_polar/proxy/engines/*.so /tmp/old/nemo_polar/proxy/engines/
     .venv/bin/python benchmarks/proxy_flags.py --arm old= --code old=/tmp/old --arm new=
+    .venv/bin/python benchmarks/proxy_flags.py --request reference --c 1 --arm old= --code old=/tmp/old --arm new=
 """
 
 from __future__ import annotations
@@ -56,6 +60,20 @@ def parse_code(text: str) -> tuple[str, str]:
     if not sep or not name or not os.path.isdir(os.path.join(where, "nemo_polar")):
         raise argparse.ArgumentTypeError(f"expected NAME=DIR with DIR holding nemo_polar/, not {text!r}")
     return name, os.path.abspath(where)
+
+
+def has_deltas_flag(where: str) -> bool:
+    """Whether the proxy CLI of the checkout at `where` takes `--no-session-deltas` (older ones store no deltas)."""
+    with open(os.path.join(where, "nemo_polar", "proxy", "cli.py")) as f:
+        return "--no-session-deltas" in f.read()
+
+
+def request_bodies(kind: str) -> tuple[list[bytes], list[str]]:
+    """The bodies sent to every arm, and the FAKE upstream's arguments they need: the long-stream mix (`peers.py`,
+    a sized upstream) or docs/performance.md's 4.5 KB reference request (64 tokens, not streamed)."""
+    if kind == "reference":
+        return [json.dumps(po.request_body("fake-model", 64)).encode()], []
+    return [json.dumps(b).encode() for b in mix_bodies("fake-model", MIX_FAKE)], ["--sized"]
 
 
 def loaded_from(pid: int) -> set[str]:
@@ -104,6 +122,12 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=8)
     ap.add_argument("--n", type=int, default=3000, help="requests per arm and round")
     ap.add_argument("--tokens-per-chunk", type=int, default=1, help="the FAKE upstream's stream interval")
+    ap.add_argument(
+        "--request",
+        choices=["mix", "reference"],
+        default="mix",
+        help="the long-stream mix, or the 4.5 KB reference request (default: %(default)s)",
+    )
     ap.add_argument("--json", default=None, help="also write the rounds and the summary here")
     ap.add_argument(
         "--code",
@@ -122,9 +146,9 @@ def main() -> int:
         ap.error(f"--code names no arm: {sorted(set(codes) - set(names))}")
     if codes:  # `python -m` puts the working directory first on sys.path: start the proxies from an empty one
         os.chdir(tempfile.mkdtemp(prefix="polar-ab-"))
-    bodies = [json.dumps(b).encode() for b in mix_bodies("fake-model", MIX_FAKE)]
+    bodies, fake_args = request_bodies(args.request)
     port = free_port()
-    cmd = [sys.executable, "-m", "polar_lab.fake_upstream", "--port", str(port), "--sized"]
+    cmd = [sys.executable, "-m", "polar_lab.fake_upstream", "--port", str(port), *fake_args]
     fake = subprocess.Popen(
         [*cmd, "--stream-interval", str(args.tokens_per_chunk)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -136,11 +160,12 @@ def main() -> int:
             targets: dict[str, tuple[str, dict[str, str], int | None]] = {}
             ours = os.environ.get("PYTHONPATH", "")
             for name, flags in args.arm:
-                os.environ["PYTHONPATH"] = os.pathsep.join([codes[name], ours]) if name in codes else ours
-                try:
-                    stack = stacks.enter_context(po.Stack(upstream, "fake-model", proxy_args=flags))
-                finally:
-                    os.environ["PYTHONPATH"] = ours
+                # another checkout's package for that arm's proxy alone: the pass-through stays on this one's
+                env = {"PYTHONPATH": os.pathsep.join([codes[name], ours])} if name in codes else {}
+                deltas = name not in codes or has_deltas_flag(codes[name])
+                stack = stacks.enter_context(
+                    po.Stack(upstream, "fake-model", proxy_args=flags, no_deltas_flag=deltas, proxy_env=env)
+                )
                 found = {path: (url, headers, pid) for path, url, headers, pid in stack.targets()}
                 targets[name] = found["polar"]
                 targets.setdefault(PASS, found[PASS])
@@ -148,8 +173,13 @@ def main() -> int:
                 print(f"arm {name}: proxy's C scanner from {sorted(where) or 'nowhere (not built)'}")
                 if where and where != {codes.get(name, str(_path.REPO))}:
                     raise SystemExit(f"arm {name}'s proxy runs other code than asked for: {sorted(where)}")
+                if not deltas:
+                    print(f"arm {name}: its proxy has no session deltas (run without --no-session-deltas)")
             order = list(targets)
-            print(f"mix at c={args.c}, {args.n} requests per arm and round, {args.tokens_per_chunk} token(s) a chunk")
+            what = "mix" if args.request == "mix" else "4.5 KB reference request"
+            print(
+                f"{what} at c={args.c}, {args.n} requests per arm and round, {args.tokens_per_chunk} token(s) a chunk"
+            )
             for k in range(args.rounds):
                 this: dict[str, tuple[float, float, float]] = {}
                 for name in order[k % len(order) :] + order[: k % len(order)]:

@@ -245,10 +245,20 @@ class Stack:
     one pass-through per `_FLOORS` entry). The proxy's record store is a temporary directory, removed at the exit
     (kept when the block or the start fails: `_workdir`)."""
 
-    def __init__(self, upstream: str, model: str, proxy_args: tuple[str, ...] = (), floors: bool = False):
+    def __init__(
+        self,
+        upstream: str,
+        model: str,
+        proxy_args: tuple[str, ...] = (),
+        floors: bool = False,
+        no_deltas_flag: bool = True,
+        proxy_env: dict[str, str] | None = None,
+    ):
         self.upstream = upstream
         self.model = model
         self.proxy_args = proxy_args
+        self.no_deltas_flag = no_deltas_flag  # False: a proxy older than session deltas (`proxy_flags.py --code`)
+        self.proxy_env = proxy_env or {}  # the proxy's alone (another checkout's PYTHONPATH), not the pass-through's
         self.floors: list[tuple[str, int, subprocess.Popen[bytes]]] = []  # (path, port, process) when started
         self._with_floors = floors
         self.procs: list[subprocess.Popen[bytes]] = []
@@ -264,7 +274,7 @@ class Stack:
         return self
 
     def _start(self) -> None:
-        env = {**os.environ, "POLAR_CONTROL_TOKEN": CONTROL}
+        env = {**os.environ, "POLAR_CONTROL_TOKEN": CONTROL, **self.proxy_env}
         self.polar_port, self.pt_port = free_port(), free_port()
         self.polar = subprocess.Popen(
             [
@@ -282,7 +292,7 @@ class Stack:
                 # the bars are about independent calls, which this benchmark sends in one session; there identical
                 # prompts (and the sized fake's prompt ids, one sequence cut to each prompt's length) would be stored
                 # as session deltas of each other (proxy/deltas.py; measured by session_store.py)
-                "--no-session-deltas",
+                *(("--no-session-deltas",) if self.no_deltas_flag else ()),
                 *self.proxy_args,
             ],
             env=env,

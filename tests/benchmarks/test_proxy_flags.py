@@ -61,3 +61,25 @@ def test_where_a_process_loaded_the_c_scanner_from() -> None:
     if vllm_stream.SCANNER != "c":
         pytest.skip("the C scanner is not built here (no compiler at install)")
     assert pf.loaded_from(os.getpid()) == {str(Path(vllm_stream.__file__).resolve().parents[3])}
+
+
+def test_an_older_checkout_without_session_deltas_runs_without_their_flag(tmp_path: Path) -> None:
+    cli = tmp_path / "nemo_polar" / "proxy" / "cli.py"
+    cli.parent.mkdir(parents=True)
+    cli.write_text('p.add_argument("--strict-models", action="store_true")\n')
+    assert not pf.has_deltas_flag(str(tmp_path))
+    cli.write_text('p.add_argument("--no-session-deltas", action="store_true")\n')
+    assert pf.has_deltas_flag(str(tmp_path))
+    assert pf.has_deltas_flag(str(Path(__file__).resolve().parents[2]))  # this checkout's CLI has it
+
+
+def test_the_reference_request_is_the_4_5_kb_one_and_the_mix_needs_a_sized_upstream() -> None:
+    import json
+
+    bodies, fake_args = pf.request_bodies("reference")
+    assert fake_args == [] and len(bodies) == 1
+    body = json.loads(bodies[0])
+    assert 4000 < len(bodies[0]) < 5500 and body["max_tokens"] == 64 and not body.get("stream")
+    bodies, fake_args = pf.request_bodies("mix")
+    assert fake_args == ["--sized"] and len(bodies) == 4
+    assert sorted(bool(json.loads(b).get("stream")) for b in bodies) == [False, False, True, True]
