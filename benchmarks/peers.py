@@ -168,9 +168,11 @@ def mix_bodies(model: str, mix: list[tuple[int, int, bool]]) -> list[dict[str, A
 
 async def drive(
     url: str, headers: dict[str, str], bodies: list[bytes], concurrency: int, n: int, cap_s: float
-) -> tuple[list[float], float, int]:
-    """`n` requests (or as many as fit in `cap_s`) with `concurrency` clients; latencies, wall, errors."""
+) -> tuple[list[float], float, int, list[int]]:
+    """`n` requests (or as many as fit in `cap_s`) with `concurrency` clients; latencies, wall, errors, and each
+    latency's body (its index in `bodies`: the mix's kinds)."""
     lat: list[float] = []
+    kinds: list[int] = []
     errors = 0
     conn = aiohttp.TCPConnector(limit=concurrency)
     async with aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=600)) as http:
@@ -186,10 +188,12 @@ async def drive(
                         print(f"  {url}: HTTP {r.status}: {(await r.read())[:300]!r}", flush=True)
                     return
             lat.append(time.perf_counter() - t)
+            kinds.append(i % len(bodies))
 
         for i in range(min(concurrency, 8, n)):  # warm the connections and the path
             await one(i)
         lat.clear()
+        kinds.clear()
         counter = iter(range(n))
         deadline = time.perf_counter() + cap_s
 
@@ -202,7 +206,7 @@ async def drive(
         t0 = time.perf_counter()
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         wall = time.perf_counter() - t0
-    return lat, wall, errors
+    return lat, wall, errors, kinds
 
 
 # -- peers -----------------------------------------------------------------------------------------------------------
@@ -621,7 +625,7 @@ def run_suite(
 
 def _cell(peer: Peer, label: str, key: Any, c: int, n: int, sent: list[bytes], cell_s: float) -> dict[str, Any]:
     cpu0 = _tree_cpu_s(peer.pids) if peer.pids else None
-    lat, wall, errors = asyncio.run(drive(peer.url, peer.headers, sent, c, n, cell_s))
+    lat, wall, errors, kinds = asyncio.run(drive(peer.url, peer.headers, sent, c, n, cell_s))
     cpu = (_tree_cpu_s(peer.pids) - cpu0) if cpu0 is not None else None
     done = len(lat)
     return {
@@ -629,6 +633,7 @@ def _cell(peer: Peer, label: str, key: Any, c: int, n: int, sent: list[bytes], c
         "path": peer.name,
         "concurrency": key,
         "lat": lat,
+        "kinds": kinds,
         "wall": wall,
         "cpu_s": cpu,
         "n": done,
@@ -652,11 +657,12 @@ def _pool_rounds(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             continue
         key = (r["path"], r["concurrency"])
         if key not in pooled:
-            pooled[key] = {**r, "lat": list(r["lat"]), "rounds": 1}
+            pooled[key] = {**r, "lat": list(r["lat"]), "kinds": list(r.get("kinds", [])), "rounds": 1}
             out.append(pooled[key])
             continue
         p = pooled[key]
         p["lat"] += r["lat"]
+        p["kinds"] += r.get("kinds", [])
         p["wall"] += r["wall"]
         p["errors"] += r["errors"]
         p["rounds"] += 1
@@ -843,23 +849,40 @@ def _vllm_part(only: set[str]) -> list[dict[str, Any]]:
         "fields polar adds, so polar's latency over that row is the proxy's own. With a handful of requests per "
         "cell, CPU per 1k requests here is at the resolution of the kernel's CPU clock (10 ms)."
     )
-    logprob_note(rows)
+    logprob_note(rows, ["streamed" if stream else "non-streamed" for _, _, stream in MIX_VLLM])
     return rows
 
 
-def logprob_note(rows: list[dict[str, Any]]) -> None:
-    """Polar's added latency against direct and against the same work asked of vLLM directly (same run)."""
+def kind_p50s(row: dict[str, Any]) -> dict[int, float]:
+    """A cell's p50 in ms per request kind (the index of its body in the mix)."""
+    by: dict[int, list[float]] = {}
+    for kind, t in zip(row.get("kinds", []), row["lat"], strict=True):
+        by.setdefault(kind, []).append(t)
+    return {kind: 1e3 * statistics.median(ts) for kind, ts in sorted(by.items())}
+
+
+def logprob_note(rows: list[dict[str, Any]], kinds: list[str]) -> None:
+    """Polar's added latency against direct and against the same work asked of vLLM directly (same run), each kind
+    of request (`kinds`: the mix's, in order) against itself: the pooled p50 of a mix whose kinds take different
+    times falls between them, and moves with which kind the middle request happens to be."""
     by = {(r["path"], r.get("concurrency")): r for r in rows if r.get("p50_ms") is not None}
     lines = []
     for c in dict.fromkeys(r.get("concurrency") for r in rows if r["path"] == "polar"):
         d, dl, p = by.get(("direct", c)), by.get(("direct + logprobs", c)), by.get(("polar", c))
         if not (d and dl and p):
             continue
+        own, same = kind_p50s(p), kind_p50s(dl)
+        per_kind = [
+            f"{kinds[k] if k < len(kinds) else k} **{own[k] - same[k]:+.1f} ms** ({own[k]:.1f} vs {same[k]:.1f})"
+            for k in own
+            if k in same
+        ]
         lines.append(
             f"- c={c}: p50 direct {d['p50_ms']:.1f} ms, direct + logprobs {dl['p50_ms']:.1f} ms "
-            f"(vLLM's logprob work +{dl['p50_ms'] - d['p50_ms']:.1f} ms), polar {p['p50_ms']:.1f} ms: the proxy adds "
-            f"**{p['p50_ms'] - dl['p50_ms']:+.1f} ms p50** ({p['p99_ms'] - dl['p99_ms']:+.1f} ms p99) over the same "
-            f"upstream work; throughput polar / direct + logprobs = {p['rps'] / dl['rps']:.2f}×."
+            f"(vLLM's logprob work +{dl['p50_ms'] - d['p50_ms']:.1f} ms), polar {p['p50_ms']:.1f} ms; "
+            + (f"per kind, the proxy adds to the same upstream work: {', '.join(per_kind)} p50; " if per_kind else "")
+            + f"pooled {p['p50_ms'] - dl['p50_ms']:+.1f} ms p50 ({p['p99_ms'] - dl['p99_ms']:+.1f} ms p99); "
+            f"throughput polar / direct + logprobs = {p['rps'] / dl['rps']:.2f}×."
         )
     if lines:
         note("Polar against the same upstream work (real vLLM, same run):\n\n" + "\n".join(lines))

@@ -230,6 +230,30 @@ def test_peer_rounds_are_pooled_against_the_pooled_direct_cell() -> None:
     assert p["cpu_s_per_1k"] == pytest.approx(1e3 * 0.03 / (4 + 2))  # two rounds, one warm-up request each
 
 
+def test_the_proxy_s_added_latency_is_taken_per_request_kind(capsys: pytest.CaptureFixture[str]) -> None:
+    """A mix of a fast and a slow kind: the pooled p50 falls between them and moves with which kind is in the middle;
+    each kind against itself gives what the proxy adds."""
+    fast, slow = 0.100, 0.300
+
+    def cell(path: str, extra: float, kinds: list[int]) -> dict[str, object]:
+        lat = [(fast if k == 0 else slow) + extra for k in kinds]
+        return {"upstream": "vllm-cpu", "path": path, "concurrency": 1, "lat": lat, "kinds": kinds, "wall": 1.0,
+                "cpu_s": None, "errors": 0, "peak_rss_mb": None}  # fmt: skip
+
+    rows = peers._pool_rounds(
+        [
+            cell("direct", 0.0, [0, 1, 0, 1]),
+            cell("direct + logprobs", 0.010, [0, 1, 0, 1, 1]),  # the middle request is a slow one
+            cell("polar", 0.012, [0, 1, 0, 1, 0]),  # ... and here a fast one
+        ]
+    )
+    assert peers.kind_p50s(rows[2]) == {0: pytest.approx(112.0), 1: pytest.approx(312.0)}
+    peers.logprob_note(rows, ["non-streamed", "streamed"])
+    out = capsys.readouterr().out
+    assert "non-streamed **+2.0 ms** (112.0 vs 110.0), streamed **+2.0 ms** (312.0 vs 310.0)" in out
+    assert "pooled -198.0 ms p50" in out  # 112 vs 310: the pooled figure says nothing about the proxy
+
+
 def test_prefix_cache_reasoning_variant(capsys: pytest.CaptureFixture[str]) -> None:
     """`--think`: the plain plan and its reasoning variant, one table each (rows saved before it count as plain)."""
     assert prefix_cache.parse_args([]).think == [0, 500]
