@@ -145,7 +145,8 @@ def main() -> int:
     if set(codes) - set(names):
         ap.error(f"--code names no arm: {sorted(set(codes) - set(names))}")
     if codes:  # `python -m` puts the working directory first on sys.path: start the proxies from an empty one
-        os.chdir(tempfile.mkdtemp(prefix="polar-ab-"))
+        neutral = tempfile.TemporaryDirectory(prefix="polar-ab-")  # removed when the run ends
+        os.chdir(neutral.name)
     bodies, fake_args = request_bodies(args.request)
     port = free_port()
     cmd = [sys.executable, "-m", "polar_lab.fake_upstream", "--port", str(port), *fake_args]
