@@ -110,6 +110,9 @@ class Proxy:
     def _in_flight(self) -> int:  # read by tests and the admin status
         return self.admission.in_flight
 
+    def _alone(self) -> bool:  # the store's `write_at_once`: no other call's commit could share a batch
+        return self.admission.in_flight <= 1
+
     @property
     def _splicer(self) -> Any:  # the prefix splicer once made (tests read its tokenizer)
         return self.generator.splicer
@@ -118,6 +121,7 @@ class Proxy:
 
     async def _lifecycle(self, app: web.Application) -> AsyncIterator[None]:
         self.store.open()
+        self.store.write_at_once = self._alone
         n = self.sessions.load()
         if n:
             log.info("loaded %d session(s) from %s", n, self.store.path)

@@ -3,7 +3,8 @@
 
 `RecordStore.commit(record)` returns once the record is on disk; the proxy awaits it before the reply's terminal
 part leaves (docs/contracts.md, "Durability"). Concurrent commits are batched: everything submitted in one turn of the
-event loop is written together, so 64 concurrent replies cost one write, not 64. Token arrays are stored compactly
+event loop is written together, so 64 concurrent replies cost one write, not 64 (and one alone is written at once:
+`write_at_once`). Token arrays are stored compactly
 (`CompletionRecord.to_json(compact=True)`: base64 int32/float64).
 
 Layout. `records.sqlite` holds one small row per record (id, session, seq, state) and the sessions; the payload file
@@ -190,6 +191,9 @@ class RecordStore:
         self.batches = 0
         self.writes = 0
         self.delta_records = 0  # records written as session deltas
+        # asked by `commit` (no `fsync`): True writes at once, not at the loop's next turn, if nothing is queued; the
+        # proxy's is True while it has one call in flight: no commit to share a batch (docs/performance.md)
+        self.write_at_once: Callable[[], bool] = bool  # bool(): never
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
 
@@ -281,12 +285,15 @@ class RecordStore:
 
     # -- writes ------------------------------------------------------------------------------------------------------
 
-    def _submit(self, op: tuple[Any, ...]) -> asyncio.Future[None]:
+    def _submit(self, op: tuple[Any, ...], now: bool = False) -> asyncio.Future[None]:
         if self._closed:
             raise StoreClosed(f"store {self.path} is closed")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
         if self._inline_conn is not None:
+            if now and not self._inline_batch:  # nothing queued to share the batch with: written within the call
+                self._write_batch(self._inline_conn, [(op, None, fut)])
+                return fut
             # everything submitted during this loop iteration is committed together at the start of the next one
             if not self._inline_batch:
                 loop.call_soon(self._flush_inline)
@@ -324,7 +331,7 @@ class RecordStore:
         """Durably write the final record (replacing its placeholder); returns once it is committed."""
         update = record.id in self._pending_ids
         self._pending_ids.discard(record.id)
-        await self._submit(self._record_op(record, "done", update=update))
+        await self._submit(self._record_op(record, "done", update=update), self.write_at_once())
 
     async def put_session(self, session_id: str, api_key: str, created_at: float, data: dict[str, Any]) -> None:
         """Insert or replace a session row."""
@@ -531,10 +538,8 @@ class RecordStore:
         self, session_id: str, *, after_seq: int = -1, limit: int = 100, include_pending: bool = False
     ) -> list[CompletionRecord]:
         """A page of a session's records in `seq` order, starting after `after_seq`."""
-        sql = "SELECT id, data FROM records WHERE session_id = ? AND seq > ?"
-        if not include_pending:
-            sql += " AND state = 'done'"
-        sql += " ORDER BY seq LIMIT ?"
+        done = "" if include_pending else " AND state = 'done'"
+        sql = f"SELECT id, data FROM records WHERE session_id = ? AND seq > ?{done} ORDER BY seq LIMIT ?"
         conn = self._read()
         rows = conn.execute(sql, (session_id, after_seq, limit)).fetchall()
         return records(self._payloads, rows, conn_data(conn))
@@ -591,9 +596,5 @@ def read_records(
 
 
 def _resolve(fut: asyncio.Future[None], error: BaseException | None) -> None:
-    if fut.done():
-        return
-    if error is None:
-        fut.set_result(None)
-    else:
-        fut.set_exception(error)
+    if not fut.done():
+        fut.set_result(None) if error is None else fut.set_exception(error)

@@ -457,3 +457,32 @@ def test_a_standalone_proxy_freezes_its_start_up_objects_and_collects_generation
     monkeypatch.setattr(app, "tune_serving_process", lambda: calls.append("tuned") or True)
     asyncio.run(app._settle(web.Application()))
     assert calls == ["tuned"]
+
+
+def test_a_lone_call_is_committed_at_once_and_concurrent_calls_share_the_next_turn(fake_upstream, make_proxy):
+    fake = fake_upstream()
+    h = make_proxy([fake.base_url])
+    s = h.session()
+    store = h.proxy.store
+    flushed: list[int] = []  # the batches written at a loop turn, not within a commit
+    flush = store._flush_inline
+    store._flush_inline = lambda: (flushed.append(len(store._inline_batch)), flush())[1]
+
+    def call():
+        _oa(h, s.api_key).chat.completions.create(model="m", messages=MSG)
+
+    assert store.write_at_once()  # nothing in flight
+    call()
+    assert [n for n in flushed if n] == []  # the lone call's record went out within its commit
+    fake.behaviour.delay_s = 0.3
+    threads = [threading.Thread(target=call) for _ in range(2)]
+    for t in threads:
+        t.start()
+    deadline = time.time() + 30
+    while h.proxy._in_flight < 2 and time.time() < deadline:
+        time.sleep(0.01)
+    alone = store.write_at_once()
+    for t in threads:
+        t.join(30)
+    assert h.proxy._in_flight == 0 and not alone  # two in flight: their commits wait for a turn's batch
+    assert len(h.records(s.session_id)) == 3

@@ -186,3 +186,27 @@ def test_a_store_created_with_other_pages_keeps_them_and_reads_back(tmp_path, pa
     store.close()
     with sqlite3.connect(tmp_path / "records.sqlite") as conn:
         assert conn.execute("PRAGMA page_size").fetchone()[0] == page_size
+
+
+@pytest.mark.parametrize("at_once", [True, False], ids=["at-once", "next-turn"])
+def test_a_commit_written_at_once_takes_no_loop_turn_and_never_overtakes_a_queued_op(tmp_path, at_once):
+    store = RecordStore(tmp_path).open()
+    if at_once:
+        store.write_at_once = lambda: True
+
+    async def main():
+        turns: list[str] = []
+        asyncio.get_running_loop().call_soon(turns.append, "turn")
+        await store.commit(_rec(1))
+        assert turns == ([] if at_once else ["turn"])  # at once: committed without yielding to the event loop
+        assert store.batches == 1
+        pending = store.put_pending(_rec(2))  # queued for the loop's next turn
+        await store.commit(_rec(2))  # shares that batch: the placeholder is never written after its final record
+        await pending
+        assert store.batches == 2
+
+    asyncio.run(main())
+    got = store.list_records("s1")  # done records only: the placeholder was replaced
+    assert [(r.seq, r.error) for r in got] == [(1, None), (2, None)]
+    assert store.get_record("r2").prompt_token_ids == list(range(1000))
+    store.close()
