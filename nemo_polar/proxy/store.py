@@ -290,10 +290,9 @@ class RecordStore:
             raise StoreClosed(f"store {self.path} is closed")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
-        if self._inline_conn is not None:
-            if now and not self._inline_batch:  # nothing queued to share the batch with: written within the call
-                self._write_batch(self._inline_conn, [(op, None, fut)])
-                return fut
+        if self._inline_conn is not None and now and not self._inline_batch:  # nothing queued to share a batch
+            self._write_batch(self._inline_conn, [(op, None, fut)])  # written within the call
+        elif self._inline_conn is not None:
             # everything submitted during this loop iteration is committed together at the start of the next one
             if not self._inline_batch:
                 loop.call_soon(self._flush_inline)
