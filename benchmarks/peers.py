@@ -875,13 +875,14 @@ def paired_same_work(upstream: str, model: str, n: int) -> list[tuple[int, bool,
     try:
         polar.start(upstream, model)
         same.start(upstream, model)
+        wired = {peer.name: [peer.wire(b) for b in bodies] for peer in (polar, same)}  # outside the timed part
         for i in range(n + 2):
             kind = i % len(bodies)
             first = i % 4 < 2
             ms: dict[str, float] = {}
             for peer in (polar, same) if first else (same, polar):
                 t = time.perf_counter()
-                _post_json(peer.url, peer.wire(bodies[kind]), peer.headers, timeout_s=300)
+                _post_json(peer.url, wired[peer.name][kind], peer.headers, timeout_s=300)
                 ms[peer.name] = 1e3 * (time.perf_counter() - t)
             if i >= 2:
                 out.append((kind, first, ms[polar.name], ms[same.name]))
@@ -899,10 +900,10 @@ def paired_note(pairs: list[tuple[int, bool, float, float]], kinds: list[str]) -
     mean and standard deviation, and each side's median."""
     lines = []
     for kind in sorted({k for k, _, _, _ in pairs}):
-        mine = [(first, p - d) for k, first, p, d in pairs if k == kind]
-        diffs = [x for _, x in mine]
+        mine = [(first, p, d) for k, first, p, d in pairs if k == kind]
+        diffs = [p - d for _, p, d in mine]
         by_order = {
-            label: statistics.median(ds) if (ds := [x for f, x in mine if f == first]) else None
+            label: statistics.median(ds) if (ds := [p - d for f, p, d in mine if f == first]) else None
             for label, first in (("polar first", True), ("polar second", False))
         }
         orders = ", ".join(f"{label} {v:+.1f}" for label, v in by_order.items() if v is not None)
@@ -910,8 +911,8 @@ def paired_note(pairs: list[tuple[int, bool, float, float]], kinds: list[str]) -
         lines.append(
             f"- {kinds[kind] if kind < len(kinds) else kind}: **{statistics.median(diffs):+.1f} ms** (median of "
             f"{len(diffs)} pairs; by order: {orders}; mean {statistics.mean(diffs):+.1f} ± {spread:.1f} ms; polar "
-            f"{statistics.median(p for k, _, p, _ in pairs if k == kind):.1f} ms, direct + logprobs "
-            f"{statistics.median(d for k, _, _, d in pairs if k == kind):.1f} ms)"
+            f"{statistics.median(p for _, p, _ in mine):.1f} ms, direct + logprobs "
+            f"{statistics.median(d for _, _, d in mine):.1f} ms)"
         )
     if lines:
         note(

@@ -466,7 +466,12 @@ def test_a_lone_call_is_committed_at_once_and_concurrent_calls_share_the_next_tu
     store = h.proxy.store
     flushed: list[int] = []  # the batches written at a loop turn, not within a commit
     flush = store._flush_inline
-    store._flush_inline = lambda: (flushed.append(len(store._inline_batch)), flush())[1]
+
+    def counted_flush():
+        flushed.append(len(store._inline_batch))
+        flush()
+
+    store._flush_inline = counted_flush
 
     def call():
         _oa(h, s.api_key).chat.completions.create(model="m", messages=MSG)
