@@ -226,10 +226,7 @@ def run(
             )  # fmt: skip
             # the hosted stack starts on its first seed: seed it as polar_agent will (same upstream, same model),
             # which answers the proxy's URL, the admin API the refit hooks call
-            status = _get_json(
-                f"http://127.0.0.1:{polar_swe_port}/seed_session",
-                {"upstream_url": f"{llm.base_url}/v1", "model": llm.model},
-            )
+            status = seed_hosted_stack(polar_swe_port, f"{llm.base_url}/v1", llm.model, log=log)
             admin = GatewayAdmin([status["proxy_url"]])
             # NeMo RL refits before step 1 too: the first refit stamps policy version 1
             admin.pause()
@@ -322,6 +319,45 @@ def teardown(ray: Any, llm: Any, ray_tmp: str | None) -> None:
         llm.stop()
     if ray_tmp is not None:
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def seed_hosted_stack(
+    port: int, upstream_url: str, model: str, *, attempts: int = 4, log: Callable[[str], None] = print
+) -> dict[str, Any]:
+    """polar_swe's reply to `POST /seed_session` (idempotent: the hosted stack starts once). A call the server
+    closed or reset before answering is made again on a fresh connection, as Gym's own client retries its calls
+    to a server; once polar_swe no longer accepts connections its process is gone, and the error says so."""
+    import http.client
+    import urllib.error
+
+    url = f"http://127.0.0.1:{port}/seed_session"
+    last: BaseException | None = None
+    for attempt in range(1, attempts + 1):
+        try:
+            reply: dict[str, Any] = _get_json(url, {"upstream_url": upstream_url, "model": model})
+            return reply
+        except urllib.error.HTTPError:
+            raise  # polar_swe answered: its refusal is the error
+        except (http.client.RemoteDisconnected, ConnectionResetError, urllib.error.URLError) as exc:
+            last = exc
+            listening = _accepts_connections(port)
+            log(f"[train-smoke] seed_session attempt {attempt}/{attempts}: {type(exc).__name__}: {exc} "
+                f"(polar_swe {'still accepts connections' if listening else 'accepts no connection'})")  # fmt: skip
+            if not listening:
+                break
+            time.sleep(0.25 * 2**attempt)
+    state = "still accepts connections" if _accepts_connections(port) else "accepts no connection: its process is gone"
+    raise RuntimeError(f"polar_swe (port {port}) gave no answer to {url}: {last!r}; it {state}") from last
+
+
+def _accepts_connections(port: int) -> bool:
+    import socket
+
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=5):
+            return True
+    except OSError:
+        return False
 
 
 def _get_json(url: str, body: dict[str, Any] | None = None, timeout_s: float = 120) -> Any:

@@ -363,10 +363,7 @@ def run(
             {"nemo_gym": env_cfg}, [f"{llm.base_url}/v1"], llm.model, tokenizer=tok, enable_router_replay=False,
             routed_experts_dtype="int32", use_fastokens=False,
         )  # fmt: skip
-        status = smoke._get_json(
-            f"http://127.0.0.1:{polar_swe_port}/seed_session",
-            {"upstream_url": f"{llm.base_url}/v1", "model": llm.model},
-        )
+        status = smoke.seed_hosted_stack(polar_swe_port, f"{llm.base_url}/v1", llm.model, log=log)
         admin = GatewayAdmin([status["proxy_url"]])
         weights = VllmWeights(llm)
         report["setup_s"]["ray_and_gym"] = round(time.monotonic() - t0, 1)

@@ -37,12 +37,30 @@ def _summary(output: str) -> str:
     return lines[-1] if lines else "(no summary line)"
 
 
+def _tracebacks(output: str, limit: int = 12000) -> str:
+    """Each failure's traceback from the session's FAILURES section, without its captured output (which can be
+    long enough to push the traceback out of any tail)."""
+    kept: list[str] = []
+    keep = False
+    for line in output.splitlines():
+        if re.match(r"_{3,} .* _{3,}$", line):  # a failure's header
+            keep = True
+        elif re.match(r"-{3,} Captured .* -{3,}$", line) or re.match(r"={3,} .* ={3,}$", line):
+            keep = False
+        if keep:
+            kept.append(line)
+    text = "\n".join(kept)
+    return text if len(text) <= limit else text[: limit // 2] + "\n[...]\n" + text[-limit // 2 :]
+
+
 def test_nemo_rl_tests_pass_in_the_nemo_rl_env(nemo_rl_python: Path) -> None:
     assert modules(), "no NeMo RL test modules found"
     rc, output = SESSION.result()
     print(output[-6000:])
     assert rc is not None, f"NeMo RL env session killed after its time limit ({_summary(output)}):\n{output[-6000:]}"
-    assert rc == 0, f"NeMo RL env session failed ({_summary(output)}):\n{output[-6000:]}"
+    assert rc == 0, (
+        f"NeMo RL env session failed ({_summary(output)}):\n{_tracebacks(output)}\n[tail]\n{output[-4000:]}"
+    )
     assert re.search(r"\b[1-9]\d* passed\b", _summary(output)), output[-3000:]
 
 
