@@ -19,6 +19,8 @@ without a server (`tests/verifier_cases.jsonl`). This module does not run agents
 
 from __future__ import annotations
 
+import faulthandler
+import io
 import os
 import secrets
 import sys
@@ -57,6 +59,20 @@ from nemo_polar.proxy.tuning import tune_serving_process
 from nemo_polar.rollout.runtime import Runtime, RuntimeSetupError, create_runtime
 from nemo_polar.rollout.spec import RuntimeSpec
 from nemo_polar.types import EvalResult
+
+
+def enable_crash_stacks() -> bool:
+    """`faulthandler` on in this serving process (unless it is on already): a fatal error, such as a crash in a C
+    module the hosted stack loads, then prints every thread's stack to stderr, which Gym and Ray pass on. False
+    where stderr has no file descriptor to write to."""
+    if faulthandler.is_enabled():
+        return True
+    try:
+        faulthandler.enable()
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        return False
+    return True
+
 
 # swe_tests failure kinds that measure the policy (kept for training); every other kind is infrastructure
 _POLICY_FAILURES = frozenset({"patch_apply_failed", "test_timeout"})
@@ -296,6 +312,7 @@ class PolarSweResourcesServer(PolarSweVerifier, SimpleResourcesServer):
 
         @asynccontextmanager
         async def lifespan(app: FastAPI) -> AsyncIterator[Any]:
+            enable_crash_stacks()
             tune_serving_process()  # this process serves the stack's model calls (nemo_polar/proxy/tuning.py)
             if self.config.upstream_urls:  # configured upstream: up before the first request
                 await self.stack.ensure()

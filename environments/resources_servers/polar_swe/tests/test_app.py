@@ -7,6 +7,7 @@ runs `swe_tests` for real on a fresh bubblewrap sandbox of the example repo.
 """
 
 import asyncio
+import faulthandler
 import sys
 from pathlib import Path
 from unittest.mock import MagicMock
@@ -20,6 +21,7 @@ from app import (
     VERIFIER_FIXTURE,
     PolarSweResourcesServer,
     PolarSweResourcesServerConfig,
+    enable_crash_stacks,
 )
 
 
@@ -42,6 +44,17 @@ def test_server_builds_its_app(tmp_path: Path) -> None:
     assert {"/polar/admin/pause", "/polar/admin/resume", "/polar/admin/policy_version", "/polar/admin/status"} <= paths
     assert server.runtimes_dir() == tmp_path / "verify"
     assert not server.stack.started  # no upstream configured: the stack waits for the agent's first seed
+
+
+def test_the_serving_process_prints_stacks_on_a_fatal_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    faulthandler.disable()  # pytest turns it on for itself
+    monkeypatch.setattr(sys, "stderr", sys.__stderr__)
+    assert enable_crash_stacks() and faulthandler.is_enabled()
+    faulthandler.disable()
+    monkeypatch.setattr(sys, "stderr", object())  # no file descriptor: refused, nothing raised
+    assert not enable_crash_stacks() and not faulthandler.is_enabled()
+    monkeypatch.setattr(sys, "stderr", sys.__stderr__)
+    faulthandler.enable()
 
 
 if __name__ == "__main__":
