@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import argparse
 import copy
+import http.client
 import json
 import math
 import os
 import shutil
+import socket
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
@@ -327,11 +331,9 @@ def seed_hosted_stack(
     """polar_swe's reply to `POST /seed_session` (idempotent: the hosted stack starts once). A call the server
     closed or reset before answering is made again on a fresh connection, as Gym's own client retries its calls
     to a server; once polar_swe no longer accepts connections its process is gone, and the error says so."""
-    import http.client
-    import urllib.error
-
     url = f"http://127.0.0.1:{port}/seed_session"
     last: BaseException | None = None
+    listening = True
     for attempt in range(1, attempts + 1):
         try:
             reply: dict[str, Any] = _get_json(url, {"upstream_url": upstream_url, "model": model})
@@ -346,13 +348,11 @@ def seed_hosted_stack(
             if not listening:
                 break
             time.sleep(0.25 * 2**attempt)
-    state = "still accepts connections" if _accepts_connections(port) else "accepts no connection: its process is gone"
+    state = "still accepts connections" if listening else "accepts no connection: its process is gone"
     raise RuntimeError(f"polar_swe (port {port}) gave no answer to {url}: {last!r}; it {state}") from last
 
 
 def _accepts_connections(port: int) -> bool:
-    import socket
-
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=5):
             return True
@@ -361,8 +361,6 @@ def _accepts_connections(port: int) -> bool:
 
 
 def _get_json(url: str, body: dict[str, Any] | None = None, timeout_s: float = 120) -> Any:
-    import urllib.request
-
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=timeout_s) as resp:
