@@ -51,7 +51,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# the commands that serve model calls: run as the program, they move to huge pages before anything is imported
+# (`proxy/tuning.py`, "Huge pages")
+SERVING_COMMANDS = frozenset({"proxy", "serve", "serve-rollout", "serve-gateway", "collect", "demo"})
+
+
+def _command(argv: Sequence[str]) -> str | None:
+    """The subcommand named in `argv` (the first word that is not an option), without parsing it."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None and _command(sys.argv[1:]) in SERVING_COMMANDS:
+        from nemo_polar.proxy.tuning import start_serving_process
+
+        start_serving_process()
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -188,7 +188,13 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m nemo_polar.proxy.cli …`: the same flags as `polar proxy`, without loading the other subsystems."""
+    """`python -m nemo_polar.proxy.cli …`: the same flags as `polar proxy`, without loading the other subsystems.
+    Run as the program (`argv` None), it first moves to huge pages (`tuning.start_serving_process`), before the
+    server is imported."""
+    if argv is None:
+        from nemo_polar.proxy.tuning import start_serving_process
+
+        start_serving_process()
     parser = argparse.ArgumentParser(prog="polar")
     register(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["proxy", *(argv if argv is not None else sys.argv[1:])])

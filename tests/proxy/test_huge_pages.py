@@ -1,0 +1,190 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Huge pages for the serving processes (`proxy/tuning.py`, "Huge pages"): CPython's arenas cut from `MADV_HUGEPAGE`
+chunks (`_hugemem.c`), the process executed again once with glibc's hugetlb tunable, and the serving commands doing
+both before they import the server. Each case runs in an interpreter of its own: the settings are process-wide."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import pytest
+
+from nemo_polar import cli
+from nemo_polar.backend.server import free_port
+from nemo_polar.proxy import tuning
+
+try:
+    from nemo_polar import _hugemem  # noqa: F401  (built or not)
+
+    BUILT = True
+except ImportError:
+    BUILT = False
+
+pytestmark = [
+    pytest.mark.skipif(
+        not tuning.huge_pages_wanted(), reason="needs Linux with transparent huge pages in madvise or always mode"
+    ),
+    pytest.mark.skipif(not BUILT, reason="the optional C module nemo_polar._hugemem is not built (setup.py)"),
+]
+
+ARENAS = r"""
+import gc, json
+from nemo_polar import _hugemem
+assert _hugemem.install() is True
+def flags_of(address):
+    # the VmFlags of the mapping holding `address` (`hg`: the kernel took MADV_HUGEPAGE for it)
+    start = None
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if "-" in head[0] and ":" not in head[0]:
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            start = lo if lo <= address < hi else None
+        elif start is not None and head[0] == "VmFlags:":
+            return head[1:], start
+    return [], None
+objs = [{"i": i} for i in range(300_000)]  # ~70 MB of small dicts: pymalloc arenas
+grown = _hugemem.stats()
+flags, start = flags_of(id(objs[-1]))
+del objs
+gc.collect()
+freed = _hugemem.stats()
+again = [{"i": i} for i in range(100_000)]
+print(json.dumps({"grown": grown, "freed": freed, "again": _hugemem.stats(), "flags": flags, "start": start}))
+"""
+
+
+def test_arenas_are_cut_from_huge_page_chunks_and_freed_ones_are_reused() -> None:
+    out = subprocess.run([sys.executable, "-c", ARENAS], capture_output=True, text=True, timeout=120, check=True)
+    got = json.loads(out.stdout)
+    grown, freed, again = got["grown"], got["freed"], got["again"]
+    print(f"after growing: {grown}; after freeing: {freed}; after growing again: {again}")
+    assert grown["installed"] is True and grown["chunks"] >= 2 and grown["carved"] >= 40
+    assert "hg" in got["flags"] and got["start"] % (2 << 20) == 0  # a 2 MiB-aligned chunk marked MADV_HUGEPAGE
+    assert freed["free"] > 0  # emptied arenas kept, not unmapped
+    assert again["reused"] > 0 and again["carved"] == freed["carved"]  # handed out again before any new one
+
+
+STARTS = r"""
+import json, os, sys
+print("start", os.getpid(), flush=True)
+from nemo_polar.proxy.tuning import start_serving_process
+start_serving_process()
+from nemo_polar import _hugemem
+buffers = [bytearray(200_000) for _ in range(50)]  # glibc's heap grows (marked MADV_HUGEPAGE under the tunable)
+print(json.dumps({
+    "pid": os.getpid(), "heap_hg": "hg" in heap_flags(os.getpid()), "tunables": os.environ.get("GLIBC_TUNABLES"),
+    "marker": [k for k in os.environ if k.startswith("_POLAR")], "arenas": _hugemem.stats()["installed"],
+}))
+"""
+
+HEAP_FLAGS = r"""
+def heap_flags(pid):
+    # the VmFlags of the process's [heap] mapping (glibc's main arena): `hg` where it was marked MADV_HUGEPAGE
+    heap = False
+    for line in open(f"/proc/{pid}/smaps"):
+        if line.rstrip().endswith("[heap]"):
+            heap = True
+        elif heap and line.startswith("VmFlags:"):
+            return line.split()[1:]
+    return []
+"""
+
+
+def _starts(env: dict[str, str]) -> tuple[list[str], dict[str, object]]:
+    full = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", tuning.HUGE_PAGES_ENV)}
+    out = subprocess.run(
+        [sys.executable, "-c", HEAP_FLAGS + STARTS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env={**full, **env},
+    )
+    lines = out.stdout.splitlines()
+    return [x for x in lines if x.startswith("start ")], json.loads(lines[-1])
+
+
+@pytest.mark.skipif(not tuning._glibc_takes_hugetlb(), reason="glibc's hugetlb tunable needs glibc 2.35 or later")
+def test_a_serving_process_starts_again_once_with_the_tunable_and_its_children_do_not_inherit_it() -> None:
+    starts, got = _starts({})
+    print(starts, got)
+    assert len(starts) == 2 and starts[0] == starts[1] == f"start {got['pid']}"  # executed again, same process
+    # glibc took the tunable; the environment children inherit is as it was
+    assert got["heap_hg"] is True and got["tunables"] is None and got["marker"] == []
+    assert got["arenas"] is True
+    starts, got = _starts({"GLIBC_TUNABLES": "glibc.malloc.perturb=0"})  # the caller's own tunables kept
+    assert len(starts) == 2 and got["heap_hg"] is True and got["tunables"] == "glibc.malloc.perturb=0"
+    starts, got = _starts({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})  # already there: no second start
+    assert len(starts) == 1 and got["arenas"] is True
+
+
+def test_huge_pages_off_changes_nothing() -> None:
+    starts, got = _starts({tuning.HUGE_PAGES_ENV: "off"})
+    assert len(starts) == 1 and got["heap_hg"] is False and got["arenas"] is False
+
+
+def test_the_polar_command_finds_its_serving_subcommands_without_parsing() -> None:
+    assert cli._command(["-v", "proxy", "--port", "1"]) == "proxy"
+    assert cli._command(["trajectory", "build"]) == "trajectory"
+    assert cli._command(["--version"]) is None
+    assert {"proxy", "serve", "serve-gateway", "serve-rollout", "collect", "demo"} <= cli.SERVING_COMMANDS
+    sub = cli.build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    assert cli.SERVING_COMMANDS <= set(sub)  # every name is a real subcommand
+
+
+def test_polar_proxy_runs_on_huge_pages() -> None:
+    """`python -m nemo_polar.proxy.cli`, as the benchmarks start it: glibc's heap and CPython's arenas in the
+    serving process are marked `MADV_HUGEPAGE`."""
+    port = free_port()
+    with tempfile.TemporaryDirectory() as store:
+        env = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", tuning.HUGE_PAGES_ENV)}
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "nemo_polar.proxy.cli",
+                "--upstream",
+                "http://127.0.0.1:9",
+                "--port",
+                str(port),
+                "--store",
+                store,
+            ],
+            env={**env, "POLAR_CONTROL_TOKEN": "t"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        try:
+            deadline = time.time() + 60
+            while True:
+                try:
+                    urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).close()
+                    break
+                except OSError:
+                    assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
+                    assert time.time() < deadline, "the proxy did not answer in 60 s"
+                    time.sleep(0.1)
+            scope: dict[str, object] = {}
+            exec(HEAP_FLAGS, scope)
+            heap = scope["heap_flags"](proc.pid)  # type: ignore[operator]
+            with open(f"/proc/{proc.pid}/smaps") as f:
+                lines = f.read().splitlines()
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    assert "hg" in heap  # glibc's heap: the tunable was taken
+    # an anonymous 2 MiB-aligned mapping marked MADV_HUGEPAGE besides the heap: the arenas' chunks
+    chunks = [
+        i
+        for i, line in enumerate(lines)
+        if len(line.split()) == 5 and "-" in line.split()[0] and int(line.split("-")[0], 16) % (2 << 20) == 0
+    ]
+    assert any("hg" in next(x for x in lines[i:] if x.startswith("VmFlags:")).split() for i in chunks), (
+        "no MADV_HUGEPAGE chunk for CPython's arenas"
+    )
