@@ -24,7 +24,7 @@ from aiohttp import web
 
 from nemo_polar.proxy.normalized import ProviderError
 from nemo_polar.proxy.sessions import Session, SessionError
-from nemo_polar.proxy.tuning import loop_name
+from nemo_polar.proxy.tuning import huge_pages_status, loop_name
 from nemo_polar.types import CompletionRecord
 
 if TYPE_CHECKING:
@@ -220,6 +220,7 @@ class AdminAPI:
                 "store_batches": p.store.batches,
                 "store_writes": p.store.writes,
                 "event_loop": loop_name(),
+                "huge_pages": huge_pages_status(),
                 "http_server": p.config.http_server,
                 "front_calls": sum(f.served for f in p.fronts),  # harness calls the HTTP front served
                 "front_handed_over": sum(f.handed_over for f in p.fronts),  # connections it gave to aiohttp

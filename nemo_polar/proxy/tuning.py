@@ -40,8 +40,9 @@ they import the server, puts both on 2 MiB pages:
   objects are the ones every call touches (installed after start-up it measured no gain).
 - glibc's heap (the large buffers): glibc reads its `glibc.malloc.hugetlb=1` tunable only as a process starts, so
   the command's process executes itself again once with it added to `GLIBC_TUNABLES` (same PID, same arguments).
-On the long-stream mix they took ≈ 4-6 % off the proxy's CPU a request at c=1 and ≈ 4 % at c=64 (docs/performance.md,
-"Huge pages"). `POLAR_HUGE_PAGES=off` keeps both off. Processes this package does not start (a NeMo Gym resources
+On the long-stream mix they took ≈ 3.5-5.5 % off the proxy's CPU a request at c=1 and ≈ 6 % at c=64
+(docs/performance.md, "Huge pages"). `POLAR_HUGE_PAGES=off` keeps both off; `GET /admin/status` says what is on
+(`huge_pages`). Processes this package does not start (a NeMo Gym resources
 server, a Ray actor) keep their small pages, and so do the processes a serving command starts (harness CLIs, engines):
 the tunable is taken out of the environment again once the process has started. The cost is resident memory rounded
 up to 2 MiB steps, and up to 256 MiB of freed arenas kept for reuse (`_hugemem.c`).
@@ -68,6 +69,7 @@ __all__ = [
     "MMAP_THRESHOLD",
     "TRIM_THRESHOLD",
     "huge_page_arenas",
+    "huge_pages_status",
     "huge_pages_wanted",
     "keep_freed_memory",
     "loop_name",
@@ -95,6 +97,7 @@ EVENT_LOOP_ENV = "POLAR_EVENT_LOOP"
 HUGE_PAGES_ENV = "POLAR_HUGE_PAGES"  # off / 0 / false / no: small pages (module docstring, "Huge pages")
 _HUGETLB_TUNABLE = "glibc.malloc.hugetlb"
 _TUNABLES_BEFORE = "_POLAR_GLIBC_TUNABLES_BEFORE"  # set across the re-exec: the environment's value to restore
+_heap_on_huge_pages = False  # glibc took the hugetlb tunable as this process started (`start_serving_process`)
 _THP_MODE = "/sys/kernel/mm/transparent_hugepage/enabled"
 EVENT_LOOPS = (
     "auto",
@@ -207,25 +210,54 @@ def _glibc_takes_hugetlb() -> bool:
         return False
 
 
+def _hugetlb_setting(tunables: str) -> str | None:
+    """The value `tunables` (a `GLIBC_TUNABLES` string) gives glibc's hugetlb tunable; None: not there."""
+    for item in tunables.split(":"):
+        name, _, value = item.partition("=")
+        if name == _HUGETLB_TUNABLE:
+            return value
+    return None
+
+
+def huge_pages_status() -> dict[str, bool]:
+    """What this process has on huge pages (module docstring): CPython's arenas, glibc's heap (`GET /admin/status`
+    reports it as `huge_pages`)."""
+    arenas = False
+    try:
+        from nemo_polar import _hugemem
+
+        arenas = bool(_hugemem.stats()["installed"])
+    except ImportError:
+        pass
+    return {"arenas": arenas, "heap": _heap_on_huge_pages}
+
+
 def start_serving_process(reexec: bool = True) -> None:
     """Called first by a serving command (module docstring, "Huge pages"): with `reexec`, execute this process again
-    with glibc's hugetlb tunable unless it has it (only a process's own `__main__` path may: it replaces the
-    program), then put CPython's arenas on huge pages. Does nothing where huge pages are not wanted."""
+    with glibc's hugetlb tunable unless `GLIBC_TUNABLES` names it already (only a process's own `__main__` path may:
+    it replaces the program), then put CPython's arenas on huge pages. Does nothing where huge pages are not wanted."""
+    global _heap_on_huge_pages
     before = os.environ.pop(_TUNABLES_BEFORE, None)
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    setting = _hugetlb_setting(tunables)
     if before is not None:  # executed again by the code below: glibc has read the tunable; children do not inherit it
+        _heap_on_huge_pages = True
         if before:
             os.environ["GLIBC_TUNABLES"] = before
         else:
             os.environ.pop("GLIBC_TUNABLES", None)
+    elif setting is not None:  # the caller's own setting, kept
+        _heap_on_huge_pages = setting in ("1", "2") and _glibc_takes_hugetlb()
     elif reexec and huge_pages_wanted() and _glibc_takes_hugetlb() and sys.executable and sys.orig_argv:
-        tunables = os.environ.get("GLIBC_TUNABLES", "")
-        if _HUGETLB_TUNABLE not in tunables:
-            added = ":".join(filter(None, [tunables, f"{_HUGETLB_TUNABLE}=1"]))
-            env = {**os.environ, "GLIBC_TUNABLES": added, _TUNABLES_BEFORE: tunables}
-            sys.stdout.flush()
-            sys.stderr.flush()
-            try:  # argv[0] as this interpreter's path, so a venv's interpreter finds its venv again
-                os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
-            except OSError as exc:  # goes on as it is, on small pages for glibc's heap
-                log.warning("could not start again with %s=1: %s", _HUGETLB_TUNABLE, exc)
+        env = {
+            **os.environ,
+            "GLIBC_TUNABLES": ":".join(filter(None, [tunables, f"{_HUGETLB_TUNABLE}=1"])),
+            _TUNABLES_BEFORE: tunables,
+        }
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:  # argv[0] as this interpreter's path, so a venv's interpreter finds its venv again
+            os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
+        except OSError as exc:  # goes on as it is, on small pages for glibc's heap
+            log.warning("could not start again with %s=1: %s", _HUGETLB_TUNABLE, exc)
     huge_page_arenas()

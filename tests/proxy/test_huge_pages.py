@@ -121,7 +121,9 @@ def test_a_serving_process_starts_again_once_with_the_tunable_and_its_children_d
     starts, got = _starts({"GLIBC_TUNABLES": "glibc.malloc.perturb=0"})  # the caller's own tunables kept
     assert len(starts) == 2 and got["heap_hg"] is True and got["tunables"] == "glibc.malloc.perturb=0"
     starts, got = _starts({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})  # already there: no second start
-    assert len(starts) == 1 and got["arenas"] is True
+    assert len(starts) == 1 and got["arenas"] is True and got["heap_hg"] is True
+    starts, got = _starts({"GLIBC_TUNABLES": "glibc.malloc.hugetlb=0"})  # the caller's own choice kept
+    assert len(starts) == 1 and got["heap_hg"] is False and got["tunables"] == "glibc.malloc.hugetlb=0"
 
 
 def test_huge_pages_off_changes_nothing() -> None:
@@ -170,6 +172,11 @@ def test_polar_proxy_runs_on_huge_pages() -> None:
                     assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
                     assert time.time() < deadline, "the proxy did not answer in 60 s"
                     time.sleep(0.1)
+            status = urllib.request.Request(
+                f"http://127.0.0.1:{port}/admin/status", headers={"Authorization": "Bearer t"}
+            )
+            with urllib.request.urlopen(status, timeout=10) as r:
+                reported = json.loads(r.read())["huge_pages"]
             scope: dict[str, object] = {}
             exec(HEAP_FLAGS, scope)
             heap = scope["heap_flags"](proc.pid)  # type: ignore[operator]
@@ -178,6 +185,7 @@ def test_polar_proxy_runs_on_huge_pages() -> None:
         finally:
             proc.terminate()
             proc.wait(30)
+    assert reported == {"arenas": True, "heap": True}  # what `GET /admin/status` says
     assert "hg" in heap  # glibc's heap: the tunable was taken
     # an anonymous 2 MiB-aligned mapping marked MADV_HUGEPAGE besides the heap: the arenas' chunks
     chunks = [
