@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from nemo_polar.proxy import front
+from tests.procs import wait_until_serving
 from tests.proxy.conftest import http_json
 
 MSG = [{"role": "user", "content": "hi"}]
@@ -285,8 +286,6 @@ def test_polar_proxy_on_its_serving_loop_hands_over_and_stops_cleanly_on_sigterm
     import signal
     import subprocess
     import sys
-    import time
-    import urllib.request
 
     from nemo_polar.backend.server import free_port
 
@@ -308,14 +307,7 @@ def test_polar_proxy_on_its_serving_loop_hands_over_and_stops_cleanly_on_sigterm
         stderr=subprocess.PIPE,
     )
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(urllib.request.Request(f"http://127.0.0.1:{port}/", method="HEAD")):
-                    break
-            except OSError:
-                assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read().decode()[-2000:]
-                time.sleep(0.05)
+        wait_until_serving(f"http://127.0.0.1:{port}/", proc)
         sock, f = _connect(port)
         with sock:
             sock.sendall(_chat("no-such-key"))

@@ -5,12 +5,12 @@ both before they import the server. Each case runs in an interpreter of its own:
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 
 import pytest
@@ -18,6 +18,7 @@ import pytest
 from nemo_polar import cli
 from nemo_polar.backend.server import free_port
 from nemo_polar.proxy import tuning
+from tests.procs import wait_until_serving
 
 try:
     from nemo_polar import _hugemem  # noqa: F401  (built or not)
@@ -33,24 +34,32 @@ pytestmark = [
     pytest.mark.skipif(not BUILT, reason="the optional C module nemo_polar._hugemem is not built (setup.py)"),
 ]
 
+
+def mappings(pid: int) -> list[tuple[int, int, str, list[str]]]:
+    """(start, end, path or "", VmFlags) of each mapping of process `pid`; `hg` in its flags: marked
+    `MADV_HUGEPAGE`. Also run inside the test's subprocesses (its source is prepended to their scripts)."""
+    out, cur = [], (0, 0, "")
+    for line in open(f"/proc/{pid}/smaps"):
+        head = line.split()
+        if head[0] == "VmFlags:":
+            out.append((*cur, head[1:]))
+        elif "-" in head[0] and not head[0].endswith(":"):
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            cur = (lo, hi, head[5] if len(head) > 5 else "")
+    return out
+
+
+def _script(body: str) -> str:
+    return "import os\n" + inspect.getsource(mappings) + body
+
+
 ARENAS = r"""
 import gc, json
 from nemo_polar import _hugemem
 assert _hugemem.install() is True
-def flags_of(address):
-    # the VmFlags of the mapping holding `address` (`hg`: the kernel took MADV_HUGEPAGE for it)
-    start = None
-    for line in open("/proc/self/smaps"):
-        head = line.split()
-        if "-" in head[0] and ":" not in head[0]:
-            lo, hi = (int(x, 16) for x in head[0].split("-"))
-            start = lo if lo <= address < hi else None
-        elif start is not None and head[0] == "VmFlags:":
-            return head[1:], start
-    return [], None
 objs = [{"i": i} for i in range(300_000)]  # ~70 MB of small dicts: pymalloc arenas
 grown = _hugemem.stats()
-flags, start = flags_of(id(objs[-1]))
+start, flags = next((lo, f) for lo, hi, _, f in mappings(os.getpid()) if lo <= id(objs[-1]) < hi)
 del objs
 gc.collect()
 freed = _hugemem.stats()
@@ -60,7 +69,9 @@ print(json.dumps({"grown": grown, "freed": freed, "again": _hugemem.stats(), "fl
 
 
 def test_arenas_are_cut_from_huge_page_chunks_and_freed_ones_are_reused() -> None:
-    out = subprocess.run([sys.executable, "-c", ARENAS], capture_output=True, text=True, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _script(ARENAS)], capture_output=True, text=True, timeout=120, check=True
+    )
     got = json.loads(out.stdout)
     grown, freed, again = got["grown"], got["freed"], got["again"]
     print(f"after growing: {grown}; after freeing: {freed}; after growing again: {again}")
@@ -78,28 +89,17 @@ start_serving_process()
 from nemo_polar import _hugemem
 buffers = [bytearray(200_000) for _ in range(50)]  # glibc's heap grows (marked MADV_HUGEPAGE under the tunable)
 print(json.dumps({
-    "pid": os.getpid(), "heap_hg": "hg" in heap_flags(os.getpid()), "tunables": os.environ.get("GLIBC_TUNABLES"),
+    "pid": os.getpid(), "heap_hg": any("hg" in f for _, _, path, f in mappings(os.getpid()) if path == "[heap]"),
+    "tunables": os.environ.get("GLIBC_TUNABLES"),
     "marker": [k for k in os.environ if k.startswith("_POLAR")], "arenas": _hugemem.stats()["installed"],
 }))
-"""
-
-HEAP_FLAGS = r"""
-def heap_flags(pid):
-    # the VmFlags of the process's [heap] mapping (glibc's main arena): `hg` where it was marked MADV_HUGEPAGE
-    heap = False
-    for line in open(f"/proc/{pid}/smaps"):
-        if line.rstrip().endswith("[heap]"):
-            heap = True
-        elif heap and line.startswith("VmFlags:"):
-            return line.split()[1:]
-    return []
 """
 
 
 def _starts(env: dict[str, str]) -> tuple[list[str], dict[str, object]]:
     full = {k: v for k, v in os.environ.items() if k not in ("GLIBC_TUNABLES", tuning.HUGE_PAGES_ENV)}
     out = subprocess.run(
-        [sys.executable, "-c", HEAP_FLAGS + STARTS],
+        [sys.executable, "-c", _script(STARTS)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -163,36 +163,19 @@ def test_polar_proxy_runs_on_huge_pages() -> None:
             stderr=subprocess.PIPE,
         )
         try:
-            deadline = time.time() + 60
-            while True:
-                try:
-                    urllib.request.urlopen(f"http://127.0.0.1:{port}/", timeout=2).close()
-                    break
-                except OSError:
-                    assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-                    assert time.time() < deadline, "the proxy did not answer in 60 s"
-                    time.sleep(0.1)
+            wait_until_serving(f"http://127.0.0.1:{port}/", proc)
             status = urllib.request.Request(
                 f"http://127.0.0.1:{port}/admin/status", headers={"Authorization": "Bearer t"}
             )
             with urllib.request.urlopen(status, timeout=10) as r:
                 reported = json.loads(r.read())["huge_pages"]
-            scope: dict[str, object] = {}
-            exec(HEAP_FLAGS, scope)
-            heap = scope["heap_flags"](proc.pid)  # type: ignore[operator]
-            with open(f"/proc/{proc.pid}/smaps") as f:
-                lines = f.read().splitlines()
+            maps = mappings(proc.pid)
         finally:
             proc.terminate()
             proc.wait(30)
     assert reported == {"arenas": True, "heap": True}  # what `GET /admin/status` says
-    assert "hg" in heap  # glibc's heap: the tunable was taken
+    assert any("hg" in flags for _, _, path, flags in maps if path == "[heap]")  # glibc's heap: the tunable taken
     # an anonymous 2 MiB-aligned mapping marked MADV_HUGEPAGE besides the heap: the arenas' chunks
-    chunks = [
-        i
-        for i, line in enumerate(lines)
-        if len(line.split()) == 5 and "-" in line.split()[0] and int(line.split("-")[0], 16) % (2 << 20) == 0
-    ]
-    assert any("hg" in next(x for x in lines[i:] if x.startswith("VmFlags:")).split() for i in chunks), (
+    assert any(not path and lo % (2 << 20) == 0 and "hg" in flags for lo, _, path, flags in maps), (
         "no MADV_HUGEPAGE chunk for CPython's arenas"
     )
