@@ -232,10 +232,10 @@ def huge_pages_status() -> dict[str, bool]:
     return {"arenas": arenas, "heap": _heap_on_huge_pages}
 
 
-def start_serving_process(reexec: bool = True) -> None:
-    """Called first by a serving command (module docstring, "Huge pages"): with `reexec`, execute this process again
-    with glibc's hugetlb tunable unless `GLIBC_TUNABLES` names it already (only a process's own `__main__` path may:
-    it replaces the program), then put CPython's arenas on huge pages. Does nothing where huge pages are not wanted."""
+def start_serving_process() -> None:
+    """Called first by a serving command (module docstring, "Huge pages"): execute this process again with glibc's
+    hugetlb tunable unless `GLIBC_TUNABLES` names it already (only a process's own `__main__` path may call this: it
+    replaces the program), then put CPython's arenas on huge pages. Does nothing where huge pages are not wanted."""
     global _heap_on_huge_pages
     before = os.environ.pop(_TUNABLES_BEFORE, None)
     tunables = os.environ.get("GLIBC_TUNABLES", "")
@@ -248,7 +248,7 @@ def start_serving_process(reexec: bool = True) -> None:
             os.environ.pop("GLIBC_TUNABLES", None)
     elif setting is not None:  # the caller's own setting, kept
         _heap_on_huge_pages = setting in ("1", "2") and _glibc_takes_hugetlb()
-    elif reexec and huge_pages_wanted() and _glibc_takes_hugetlb() and sys.executable and sys.orig_argv:
+    elif huge_pages_wanted() and _glibc_takes_hugetlb() and sys.executable and sys.orig_argv:
         env = {
             **os.environ,
             "GLIBC_TUNABLES": ":".join(filter(None, [tunables, f"{_HUGETLB_TUNABLE}=1"])),
