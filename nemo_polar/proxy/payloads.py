@@ -75,9 +75,15 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> int:
     return offset
 
 
-def _write_at(fd: int, parts: list[Buffer], offset: int) -> None:
+def _write_at(fd: int, parts: list[Buffer], offset: int, total: int = -1) -> None:
     """Write `parts` back to back at `offset`: vectored writes of at most `_WRITE_MAX` bytes (a single part larger
-    than that alone), resumed after a short write."""
+    than that alone), resumed after a short write. `total`: their size, where the caller knows it (then a batch of
+    at most `_WRITE_MAX` bytes and `_IOV_MAX` parts is one call without counting)."""
+    if 0 <= total <= _WRITE_MAX and len(parts) <= _IOV_MAX:
+        n = os.pwritev(fd, parts, offset)
+        if n < total:
+            _pwrite_all(fd, memoryview(b"".join(parts))[n:], offset + n)
+        return
     i = 0
     while i < len(parts):
         group = [parts[i]]
@@ -211,7 +217,7 @@ class PayloadFile:
                     at += _RFRAME.size + len(meta) + size
                 parts += pieces
             try:
-                self._write(fd, dfd, parts, offset)
+                self._write(fd, dfd, parts, offset, at - offset)
             except BaseException:
                 with contextlib.suppress(OSError):
                     os.ftruncate(fd, offset)
@@ -220,9 +226,9 @@ class PayloadFile:
             fcntl.flock(fd, fcntl.LOCK_UN)
         return refs
 
-    def _write(self, fd: int, dfd: int | None, parts: list[Buffer], offset: int) -> None:
+    def _write(self, fd: int, dfd: int | None, parts: list[Buffer], offset: int, total: int = -1) -> None:
         if dfd is None:
-            _write_at(fd, parts, offset)
+            _write_at(fd, parts, offset, total)
             return
         try:
             self._write_direct(dfd, parts, offset)

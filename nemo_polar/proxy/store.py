@@ -191,8 +191,8 @@ class RecordStore:
         self.batches = 0
         self.writes = 0
         self.delta_records = 0  # records written as session deltas
-        # asked by `commit` (no `fsync`): True writes at once, not at the loop's next turn, if nothing is queued; the
-        # proxy's is True while it has one call in flight: no commit to share a batch (docs/performance.md)
+        # asked by `commit` and `put_pending` (no `fsync`): True writes at once, not at the loop's next turn, if nothing
+        # is queued; the proxy's is True while it has one call in flight: nothing to share a batch (docs/performance.md)
         self.write_at_once: Callable[[], bool] = bool  # bool(): never
 
     # -- lifecycle -------------------------------------------------------------------------------------------------
@@ -322,9 +322,9 @@ class RecordStore:
 
     def put_pending(self, record: CompletionRecord) -> asyncio.Future[None]:
         """Write a placeholder for an admitted call (awaited before a stream's first byte leaves): the record without
-        its normalised `request` (module docstring)."""
+        its normalised `request` (module docstring); within this call where `write_at_once` says so, as a commit."""
         self._pending_ids.add(record.id)
-        return self._submit(self._record_op(record, "pending"))
+        return self._submit(self._record_op(record, "pending"), self.write_at_once())
 
     async def commit(self, record: CompletionRecord) -> None:
         """Durably write the final record (replacing its placeholder); returns once it is committed."""

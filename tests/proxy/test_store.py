@@ -200,13 +200,20 @@ def test_a_commit_written_at_once_takes_no_loop_turn_and_never_overtakes_a_queue
         await store.commit(_rec(1))
         assert turns == ([] if at_once else ["turn"])  # at once: committed without yielding to the event loop
         assert store.batches == 1
-        pending = store.put_pending(_rec(2))  # queued for the loop's next turn
-        await store.commit(_rec(2))  # shares that batch: the placeholder is never written after its final record
+        pending = store.put_pending(_rec(3))  # a placeholder too: at once within the call, else at the next turn
+        assert pending.done() == at_once and store.batches == (2 if at_once else 1)
+        await store.commit(_rec(3))
         await pending
-        assert store.batches == 2
+        assert store.batches == (3 if at_once else 2)  # next turn: the placeholder shared its final record's batch
+        answers = iter([False, True])
+        store.write_at_once = lambda: next(answers)  # the placeholder queued, its final record asked to go at once
+        pending = store.put_pending(_rec(2))
+        await store.commit(_rec(2))  # shares the queued batch: a placeholder is never written after its final record
+        await pending
+        assert store.batches == (4 if at_once else 3)
 
     asyncio.run(main())
-    got = store.list_records("s1")  # done records only: the placeholder was replaced
-    assert [(r.seq, r.error) for r in got] == [(1, None), (2, None)]
+    got = store.list_records("s1")  # done records only: the placeholders were replaced
+    assert [(r.seq, r.error) for r in got] == [(1, None), (2, None), (3, None)]
     assert store.get_record("r2").prompt_token_ids == list(range(1000))
     store.close()
