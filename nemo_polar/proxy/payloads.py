@@ -305,6 +305,11 @@ class PayloadFile:
             pos += max(1, len(window) - 3)
         return end
 
+    def direct_for(self, size: int) -> bool:
+        """Whether an append of `size` bytes is written directly, a write that waits for the disk (before the first
+        large append decides whether direct writes work here: whether it may be)."""
+        return size >= DIRECT_MIN_BYTES and self.direct is not False and self._direct_io is not False
+
     def _direct_fd(self) -> int | None:
         """The O_DIRECT descriptor appends go through, opened on first use; None: appends use the page cache."""
         if self.direct is None:

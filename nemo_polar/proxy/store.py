@@ -4,8 +4,9 @@
 `RecordStore.commit(record)` returns once the record is on disk; the proxy awaits it before the reply's terminal
 part leaves (docs/contracts.md, "Durability"). Concurrent commits are batched: everything submitted in one turn of the
 event loop is written together, so 64 concurrent replies cost one write, not 64 (and one alone is written at once:
-`write_at_once`). Token arrays are stored compactly
-(`CompletionRecord.to_json(compact=True)`: base64 int32/float64).
+`write_at_once`). A batch that waits for the disk (a direct write; every batch with `fsync`) is written by the writer
+thread instead, and the batches after it follow it there, in order, while the loop serves other calls
+(`store_writer`). Token arrays are stored compactly (`CompletionRecord.to_json(compact=True)`: base64 int32/float64).
 
 Layout. `records.sqlite` holds one small row per record (id, session, seq, state) and the sessions; the payload file
 `records.sqlite-payloads` beside it each record's JSON of more than `INLINE_MAX` bytes as a frame (`proxy/payloads.py`:
@@ -48,7 +49,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import queue
 import sqlite3
 import threading
 import uuid
@@ -78,6 +78,7 @@ from nemo_polar.proxy.store_rows import (
     whole_op,
 )
 from nemo_polar.proxy.store_rows import whole as whole_of
+from nemo_polar.proxy.store_writer import WriterThread
 from nemo_polar.types import CompletionRecord
 
 __all__ = ["DB_NAME", "PAYLOADS_NAME", "RecordStore", "StoreClosed", "StoreCorrupt", "read_records", "record_bytes"]
@@ -114,8 +115,6 @@ CREATE TABLE IF NOT EXISTS sessions (
 """
     + WRITERS_SCHEMA
 )
-
-_STOP = object()
 
 
 class StoreClosed(PolarError, RuntimeError):
@@ -166,8 +165,7 @@ class RecordStore:
         self._fsync = fsync
         self._keep_cached = None if page_cache_mb is None else page_cache_mb << 20
         self._max_batch = max_batch
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
+        self._thread: WriterThread | None = None  # batches written off the event loop (`store_writer`)
         self._inline_conn: sqlite3.Connection | None = None
         self._inline_batch: list[Any] = []
         self._ckpt_thread: threading.Thread | None = None
@@ -222,10 +220,9 @@ class RecordStore:
             )
         self._reader = self._connect(readonly=True)
         self._closed = False
-        if self._fsync:
-            self._thread = threading.Thread(target=self._writer, name="polar-store-writer", daemon=True)
-            self._thread.start()
-        else:
+        self._thread = WriterThread(self._connect, self._write_batch, self._max_batch)
+        self._thread.start()
+        if not self._fsync:
             self._inline_conn = self._connect()
         # WAL checkpoints (which fsync) run in a background thread, never on the event loop nor in a commit
         self._ckpt_stop.clear()
@@ -251,14 +248,13 @@ class RecordStore:
             self._flush_inline()
             self._inline_conn.close()
             self._inline_conn = None
-        self._queue.put(_STOP)
         if self._thread is not None:
-            self._thread.join(timeout=30)
+            self._thread.stop(timeout_s=30)  # after what it was given
         with self._lock:
             side, self._side = self._side, None
             if side is not None:
                 try:
-                    self._write_rows(side, [], gone=self._thread is None or not self._thread.is_alive())
+                    self._write_rows(side, [], gone=self._thread is None or not self._thread.alive())
                 except (sqlite3.Error, OSError) as exc:  # the frames are kept: the next store to open writes them
                     log.warning("store %s: rows not written on close (%s); the next open writes them", self.path, exc)
                 side.close()
@@ -290,7 +286,9 @@ class RecordStore:
             raise StoreClosed(f"store {self.path} is closed")
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[None] = loop.create_future()
-        if self._inline_conn is not None and now and not self._inline_batch:  # nothing queued to share a batch
+        thread = self._thread
+        assert thread is not None
+        if self._inline_conn is not None and now and not self._inline_batch and not thread.busy:  # nothing queued
             self._write_batch(self._inline_conn, [(op, None, fut)])  # written within the call
         elif self._inline_conn is not None:
             # everything submitted during this loop iteration is committed together at the start of the next one
@@ -298,12 +296,19 @@ class RecordStore:
                 loop.call_soon(self._flush_inline)
             self._inline_batch.append((op, None, fut))
         else:
-            self._queue.put((op, loop, fut))
+            thread.put([(op, loop, fut)])
         return fut
 
     def _flush_inline(self) -> None:
         batch, self._inline_batch = self._inline_batch, []
-        if batch and self._inline_conn is not None:
+        if not batch or self._inline_conn is None:
+            return
+        size = sum(
+            len(op[6]) if type(op[6]) is bytes else parts_size(op[6]) for op, _, _ in batch if op[0] == "record"
+        )
+        if self._thread is not None and (self._thread.busy or self._payloads.direct_for(size)):
+            self._thread.put([(op, fut.get_loop(), fut) for op, _, fut in batch])  # the disk's wait off the loop
+        else:
             self._write_batch(self._inline_conn, batch)
 
     def _record_op(self, record: CompletionRecord, state: str, *, update: bool = False) -> tuple[Any, ...]:
@@ -341,22 +346,6 @@ class RecordStore:
         if self._deltas is not None:
             self._deltas.forget((session_id,))
 
-    def _writer(self) -> None:
-        conn = self._connect()
-        stop = False
-        while not stop:
-            batch = [self._queue.get()]
-            while len(batch) < self._max_batch:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            stop = any(item is _STOP for item in batch)
-            batch = [item for item in batch if item is not _STOP]
-            if batch:
-                self._write_batch(conn, batch)
-        conn.close()
-
     def _write_batch(self, conn: sqlite3.Connection, batch: list[Any]) -> None:
         ops = [op for op, _, _ in batch]
         if self._lost:  # a delta against a record whose batch failed: written whole
@@ -386,15 +375,18 @@ class RecordStore:
                 self._arm(batch)
         self.batches += 1
         self.writes += len(batch)
+        later: dict[Any, list[tuple[asyncio.Future[None], BaseException | None]]] = {}  # by loop: one wake-up each
         for op, (_, loop, fut) in zip(ops, batch, strict=True):
             error = framed_error if op[0] == "record" and op[1] in in_frames else rest_error
             if error is None and op[0] == "record" and op[9] is not None:
                 self.delta_records += 1
             if loop is None:
                 _resolve(fut, error)
-                continue
+            else:
+                later.setdefault(loop, []).append((fut, error))
+        for loop, outcomes in later.items():
             try:
-                loop.call_soon_threadsafe(_resolve, fut, error)
+                loop.call_soon_threadsafe(_resolve_all, outcomes)
             except RuntimeError:  # loop closed: nobody is waiting any more
                 pass
 
@@ -463,7 +455,10 @@ class RecordStore:
                 return
         if self._timer_loop is not loop:
             self._timer_loop = loop
-            loop.call_later(self.rows_every_s, self._rows_due)
+            try:  # from either thread
+                loop.call_soon_threadsafe(loop.call_later, self.rows_every_s, self._rows_due)
+            except RuntimeError:  # that loop is closed: the rows wait for the next read, write or `close`
+                self._timer_loop = None
 
     def _rows_due(self) -> None:
         self._timer_loop = None
@@ -597,3 +592,8 @@ def read_records(
 def _resolve(fut: asyncio.Future[None], error: BaseException | None) -> None:
     if not fut.done():
         fut.set_result(None) if error is None else fut.set_exception(error)
+
+
+def _resolve_all(outcomes: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:
+    for fut, error in outcomes:
+        _resolve(fut, error)
