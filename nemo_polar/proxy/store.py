@@ -78,7 +78,7 @@ from nemo_polar.proxy.store_rows import (
     whole_op,
 )
 from nemo_polar.proxy.store_rows import whole as whole_of
-from nemo_polar.proxy.store_writer import WriterThread
+from nemo_polar.proxy.store_writer import WriterThread, resolve_all
 from nemo_polar.types import CompletionRecord
 
 __all__ = ["DB_NAME", "PAYLOADS_NAME", "RecordStore", "StoreClosed", "StoreCorrupt", "read_records", "record_bytes"]
@@ -304,7 +304,9 @@ class RecordStore:
         if not batch or self._inline_conn is None:
             return
         size = sum(
-            len(op[6]) if type(op[6]) is bytes else parts_size(op[6]) for op, _, _ in batch if op[0] == "record"
+            128 + (len(op[6]) if type(op[6]) is bytes else parts_size(op[6]))
+            for op, _, _ in batch
+            if op[0] == "record"
         )
         if self._thread is not None and (self._thread.busy or self._payloads.direct_for(size)):
             self._thread.put([(op, fut.get_loop(), fut) for op, _, fut in batch])  # the disk's wait off the loop
@@ -363,6 +365,8 @@ class RecordStore:
                     self._frame(conn, framed)
                 except BaseException as exc:
                     framed_error = self._failed(exc, framed, batch)
+                    cut = {op[1] for op in rest if op[0] == "record" and op[9] in in_frames}  # deltas on failed bases
+                    rest, in_frames = [op for op in rest if op[0] != "record" or op[1] not in cut], in_frames | cut
             if rest or self._fsync or len(self._rows) >= ROWS_MAX:
                 try:
                     self._write_rows(conn, rest)
@@ -386,7 +390,7 @@ class RecordStore:
                 later.setdefault(loop, []).append((fut, error))
         for loop, outcomes in later.items():
             try:
-                loop.call_soon_threadsafe(_resolve_all, outcomes)
+                loop.call_soon_threadsafe(resolve_all, outcomes)
             except RuntimeError:  # loop closed: nobody is waiting any more
                 pass
 
@@ -592,8 +596,3 @@ def read_records(
 def _resolve(fut: asyncio.Future[None], error: BaseException | None) -> None:
     if not fut.done():
         fut.set_result(None) if error is None else fut.set_exception(error)
-
-
-def _resolve_all(outcomes: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:
-    for fut, error in outcomes:
-        _resolve(fut, error)

@@ -12,14 +12,38 @@ goes here (a sync always waits for the disk). docs/performance.md, "The loop and
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import queue
 import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["WriterThread"]
+__all__ = ["WriterThread", "resolve_all"]
 
 _STOP = object()
+log = logging.getLogger(__name__)
+
+
+def _fail(batch: list[Any], exc: BaseException) -> None:
+    """Every caller of a batch that broke off gets `exc`, on its own loop (items are (op, loop, future))."""
+    for _, _, fut in batch:
+        try:
+            fut.get_loop().call_soon_threadsafe(_set_error, fut, exc)
+        except RuntimeError:  # that loop is closed: nobody is waiting any more
+            pass
+
+
+def _set_error(fut: asyncio.Future[None], exc: BaseException) -> None:
+    if not fut.done():
+        fut.set_exception(exc)
+
+
+def resolve_all(outcomes: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:
+    """A written batch's outcomes on its callers' loop: None resolves a future, an error fails it."""
+    for fut, error in outcomes:
+        if not fut.done():
+            fut.set_result(None) if error is None else fut.set_exception(error)
 
 
 class WriterThread:
@@ -78,6 +102,9 @@ class WriterThread:
                 if batch:
                     try:
                         self._write(conn, batch)
+                    except BaseException as exc:  # a bug, not the disk (`write` reports that): the thread goes on
+                        log.exception("store writer: a batch of %d broke off", len(batch))
+                        _fail(batch, exc)
                     finally:
                         with self._lock:
                             self._owed -= len(batch)

@@ -5,11 +5,12 @@ serves on meanwhile, later batches follow them there in order, and close writes 
 from __future__ import annotations
 
 import asyncio
+import errno
 import threading
 
 import pytest
 
-from nemo_polar.proxy.store import RecordStore
+from nemo_polar.proxy.store import RecordStore, StoreWriteError
 from nemo_polar.types import CompletionRecord
 
 BIG = 150_000  # a record's JSON of ≈ 160 KB: two of them make a batch written directly (256 KiB or more)
@@ -108,3 +109,86 @@ def test_close_writes_what_the_writer_thread_was_given(tmp_path):
     got = again.list_records("s1")
     assert [(r.seq, len(r.original_request["messages"][0]["content"])) for r in got] == [(i, BIG) for i in (1, 2, 3)]
     again.close()
+
+
+def test_a_delta_whose_base_fails_in_the_same_thread_batch_fails_too(tmp_path):
+    """A base and its session delta handed to the busy thread in different loop turns share its next batch: when the
+    base's frame fails, the delta (a small row) is not committed either (else a successful commit could not be read)."""
+    store = RecordStore(tmp_path, direct_io=True).open()
+    appends = _Appends(store._payloads.append)
+    real = appends.append
+
+    def failing_second(payloads, metas=None):
+        if len(appends.seen) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device (injected)")
+        return real(payloads, metas)
+
+    appends.append = failing_second
+    store._payloads.append = appends
+    msgs = [{"role": "user", "content": "y" * 8000}]
+    base = CompletionRecord(
+        id="b1",
+        session_id="d",
+        seq=1,
+        dialect="openai_chat",
+        original_request={"messages": msgs},
+        prompt_token_ids=list(range(4000)),
+        generation_token_ids=[5],
+        generation_log_probs=[-0.5],
+    )
+    more = [*msgs, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+    delta = CompletionRecord(
+        id="b2",
+        session_id="d",
+        seq=2,
+        dialect="openai_chat",
+        original_request={"messages": more},
+        prompt_token_ids=list(range(4003)),
+        generation_token_ids=[6],
+        generation_log_probs=[-0.5],
+    )
+
+    async def main():
+        big = [asyncio.ensure_future(store.commit(_rec(i, BIG))) for i in (1, 2)]
+        await asyncio.sleep(0)
+        assert await asyncio.get_running_loop().run_in_executor(None, appends.waiting.wait, 10)
+        first = asyncio.ensure_future(store.commit(base))
+        await asyncio.sleep(0.01)
+        second = asyncio.ensure_future(store.commit(delta))
+        await asyncio.sleep(0.01)
+        appends.gate.set()
+        await asyncio.gather(*big)
+        return await asyncio.gather(first, second, return_exceptions=True)
+
+    got = asyncio.run(main())
+    if store._payloads.direct is not True:
+        store.close()
+        pytest.skip(f"no direct writes on {tmp_path}'s file system: nothing waits for the disk there")
+    assert all(isinstance(r, StoreWriteError) for r in got), got
+    assert store.get_record("b2") is None and store.get_record("b1") is None
+    store.close()
+
+
+def test_a_batch_that_breaks_off_in_the_thread_fails_its_callers_and_the_thread_goes_on(tmp_path):
+    store = RecordStore(tmp_path, direct_io=True, session_deltas=False).open()
+    arm, calls = store._arm, []
+
+    def broken_once(batch):
+        calls.append(len(batch))
+        if len(calls) == 1:
+            raise ValueError("injected: a bug outside the write's own error handling")
+        return arm(batch)
+
+    store._arm = broken_once
+
+    async def main():
+        first = await asyncio.wait_for(
+            asyncio.gather(*(store.commit(_rec(i, BIG)) for i in (1, 2)), return_exceptions=True), 5
+        )
+        assert all(isinstance(r, ValueError) for r in first), first
+        await asyncio.wait_for(asyncio.gather(*(store.commit(_rec(i, BIG)) for i in (3, 4))), 5)  # the thread goes on
+        await asyncio.wait_for(store.commit(_rec(5, 10)), 5)  # and a small commit is not stuck behind it
+
+    asyncio.run(main())
+    assert not store._thread.busy and store._thread.alive()
+    store.close()
