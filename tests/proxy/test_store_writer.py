@@ -126,26 +126,19 @@ def test_a_delta_whose_base_fails_in_the_same_thread_batch_fails_too(tmp_path):
     appends.append = failing_second
     store._payloads.append = appends
     msgs = [{"role": "user", "content": "y" * 8000}]
-    base = CompletionRecord(
-        id="b1",
-        session_id="d",
-        seq=1,
-        dialect="openai_chat",
-        original_request={"messages": msgs},
-        prompt_token_ids=list(range(4000)),
-        generation_token_ids=[5],
-        generation_log_probs=[-0.5],
-    )
     more = [*msgs, {"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
-    delta = CompletionRecord(
-        id="b2",
-        session_id="d",
-        seq=2,
-        dialect="openai_chat",
-        original_request={"messages": more},
-        prompt_token_ids=list(range(4003)),
-        generation_token_ids=[6],
-        generation_log_probs=[-0.5],
+    base, delta = (
+        CompletionRecord(
+            id=f"b{seq}",
+            session_id="d",
+            seq=seq,
+            dialect="openai_chat",
+            original_request={"messages": m},
+            prompt_token_ids=list(range(n)),
+            generation_token_ids=[5],
+            generation_log_probs=[-0.5],
+        )
+        for seq, m, n in ((1, msgs, 4000), (2, more, 4003))  # the second extends the first: a session delta
     )
 
     async def main():
