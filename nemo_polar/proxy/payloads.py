@@ -44,6 +44,7 @@ _MAGIC = b"PLRP"
 # a frame that says whose row it is (`append(metas=)`, what the record store writes): magic, payload length, crc32 of
 # the payload, the meta's length and crc32, then the meta (the row's fields as JSON), then the payload
 _RFRAME = struct.Struct("<4sIIHI")
+_FRAME_EXTRA = _RFRAME.size + 110  # a frame's header and a record's meta (ids, session, seq, state), about
 _RMAGIC = b"PLRR"
 _VOID = b"PLRV"  # a frame with a meta whose commit failed after it was written (`void`)
 # what a row's `data` holds for a payload in the file: a tag byte JSON never starts with (1: a plain frame, 2: a frame
@@ -305,10 +306,12 @@ class PayloadFile:
             pos += max(1, len(window) - 3)
         return end
 
-    def direct_for(self, size: int) -> bool:
-        """Whether an append of `size` bytes is written directly, a write that waits for the disk (before the first
-        large append decides whether direct writes work here: whether it may be)."""
-        return size >= DIRECT_MIN_BYTES and self.direct is not False and self._direct_io is not False
+    def direct_for(self, size: int, frames: int) -> bool:
+        """Whether an append of `frames` payloads of `size` bytes in all is written directly, a write that waits for
+        the disk (before the first large append decides whether direct writes work here: whether it may be). Each
+        frame's header and meta are counted at about their size (`_FRAME_EXTRA`): a routing estimate."""
+        total = size + frames * _FRAME_EXTRA
+        return total >= DIRECT_MIN_BYTES and self.direct is not False and self._direct_io is not False
 
     def _direct_fd(self) -> int | None:
         """The O_DIRECT descriptor appends go through, opened on first use; None: appends use the page cache."""

@@ -78,7 +78,7 @@ from nemo_polar.proxy.store_rows import (
     whole_op,
 )
 from nemo_polar.proxy.store_rows import whole as whole_of
-from nemo_polar.proxy.store_writer import WriterThread, resolve_all
+from nemo_polar.proxy.store_writer import WriterThread, resolve, resolve_all
 from nemo_polar.types import CompletionRecord
 
 __all__ = ["DB_NAME", "PAYLOADS_NAME", "RecordStore", "StoreClosed", "StoreCorrupt", "read_records", "record_bytes"]
@@ -303,12 +303,9 @@ class RecordStore:
         batch, self._inline_batch = self._inline_batch, []
         if not batch or self._inline_conn is None:
             return
-        size = sum(
-            128 + (len(op[6]) if type(op[6]) is bytes else parts_size(op[6]))
-            for op, _, _ in batch
-            if op[0] == "record"
-        )
-        if self._thread is not None and (self._thread.busy or self._payloads.direct_for(size)):
+        records = [op[6] for op, _, _ in batch if op[0] == "record"]
+        size = sum(len(d) if type(d) is bytes else parts_size(d) for d in records)
+        if self._thread is not None and (self._thread.busy or self._payloads.direct_for(size, len(records))):
             self._thread.put([(op, fut.get_loop(), fut) for op, _, fut in batch])  # the disk's wait off the loop
         else:
             self._write_batch(self._inline_conn, batch)
@@ -385,7 +382,7 @@ class RecordStore:
             if error is None and op[0] == "record" and op[9] is not None:
                 self.delta_records += 1
             if loop is None:
-                _resolve(fut, error)
+                resolve(fut, error)
             else:
                 later.setdefault(loop, []).append((fut, error))
         for loop, outcomes in later.items():
@@ -591,8 +588,3 @@ def read_records(
         return read_store(path, payloads, include_pending=include_pending, ids=ids)
     finally:
         payloads.close()
-
-
-def _resolve(fut: asyncio.Future[None], error: BaseException | None) -> None:
-    if not fut.done():
-        fut.set_result(None) if error is None else fut.set_exception(error)

@@ -19,7 +19,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["WriterThread", "resolve_all"]
+__all__ = ["WriterThread", "resolve", "resolve_all"]
 
 _STOP = object()
 log = logging.getLogger(__name__)
@@ -29,26 +29,26 @@ def _fail(batch: list[Any], exc: BaseException) -> None:
     """Every caller of a batch that broke off gets `exc`, on its own loop (items are (op, loop, future))."""
     for _, _, fut in batch:
         try:
-            fut.get_loop().call_soon_threadsafe(_set_error, fut, exc)
+            fut.get_loop().call_soon_threadsafe(resolve, fut, exc)
         except RuntimeError:  # that loop is closed: nobody is waiting any more
             pass
 
 
-def _set_error(fut: asyncio.Future[None], exc: BaseException) -> None:
+def resolve(fut: asyncio.Future[None], error: BaseException | None) -> None:
+    """A caller's outcome: None resolves its future, an error fails it (once: a later outcome is dropped)."""
     if not fut.done():
-        fut.set_exception(exc)
+        fut.set_result(None) if error is None else fut.set_exception(error)
 
 
 def resolve_all(outcomes: list[tuple[asyncio.Future[None], BaseException | None]]) -> None:
-    """A written batch's outcomes on its callers' loop: None resolves a future, an error fails it."""
+    """A written batch's outcomes, on its callers' loop (one wake-up for them all)."""
     for fut, error in outcomes:
-        if not fut.done():
-            fut.set_result(None) if error is None else fut.set_exception(error)
+        resolve(fut, error)
 
 
 class WriterThread:
     """One thread that runs `write(batch)` for the items `put` hands it, in order, up to `max_batch` items a call
-    (`connect()` is called once in the thread, its result passed to each `write`; `close(conn)` when it stops)."""
+    (`connect()` is called once in the thread, its result passed to each `write` and closed when the thread stops)."""
 
     def __init__(
         self,
