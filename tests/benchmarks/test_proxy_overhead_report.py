@@ -200,3 +200,23 @@ def test_real_vllm_streams_compare_the_proxy_with_vllm_doing_the_same_work() -> 
     assert po._same_work_note(vs[3:]) is None
     # the request that stands for the proxy's vLLM work asks for what its vLLM engine asks for
     assert po.CAPTURE_FIELDS == {"return_token_ids": True, "logprobs": True, "top_logprobs": 0}
+
+
+def test_a_process_cpu_is_read_finer_than_the_kernels_ticks() -> None:
+    """`_cpu_s` reads another process's CPU-time clock: it agrees with `/proc`'s ticks to within a tick, and tells
+    apart two readings a few ms apart, which ticks of 10 ms mostly do not (module docstring)."""
+    import subprocess
+    import time
+
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.15: pass\ninput()\n"
+    proc = subprocess.Popen([sys.executable, "-c", burn], stdin=subprocess.PIPE)
+    try:
+        while sum(po._cpu_split(proc.pid)) < 0.1:
+            time.sleep(0.01)
+        time.sleep(0.2)  # its loop has ended: it waits on stdin
+        fine, ticks = po._cpu_s(proc.pid), sum(po._cpu_split(proc.pid))
+        assert fine >= 0.15 and abs(fine - ticks) <= 2 / po.TICKS, (fine, ticks)
+        assert abs(fine * po.TICKS - round(fine * po.TICKS)) > 1e-6  # not a whole number of ticks
+    finally:
+        proc.kill()
+        proc.wait()
