@@ -8,11 +8,14 @@ seeded: a failure is reproducible.
 
 from __future__ import annotations
 
+import base64
 import math
 import random
 import re
+import string
 import struct
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -114,6 +117,60 @@ def test_encoders_leave_everything_else_to_the_python_path() -> None:
         encode_array([2**31], "i32")
     with pytest.raises(struct.error):
         record_json._f64([10**400])
+
+
+# -- base64: AVX2 (24 bytes a step, where the CPU has it) and the scalar loop (the tail, and every CPU) -------------
+
+# 48 bytes whose base64 is the whole alphabet in order: every index, and each edge between A-Z, a-z, 0-9, + and /
+ALPHABET_BYTES = base64.b64decode(string.ascii_uppercase + string.ascii_lowercase + string.digits + "+/")
+
+
+@pytest.fixture(params=["avx2", "scalar"])
+def b64_path(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Each base64 test once with the AVX2 step (skipped where the CPU has none) and once with it off."""
+    if _arrays is None:
+        pytest.skip("the C array module (_arrays) is not built")
+    on = _arrays._set_simd(request.param == "avx2")
+    if request.param == "avx2" and not on:
+        pytest.skip("the CPU has no AVX2")
+    try:
+        yield request.param
+    finally:
+        _arrays._set_simd(True)  # the import's setting: on where the CPU has it
+
+
+def test_the_packed_ids_base64_is_b64encode_for_every_length(b64_path: str) -> None:
+    rng = random.Random(11)
+    big = rng.randbytes(100_004)
+    for n in [*range(0, 401, 4), 1020, 32_000, 100_004]:
+        data = big[:n]
+        exactly(_arrays.encode_i32_packed(data), "b64:i32:" + base64.b64encode(data).decode())
+    # every index at every position of a 24-byte step, and the buffers a torn or zeroed record holds
+    for data in [ALPHABET_BYTES * 9, ALPHABET_BYTES[4:] * 3, bytes(4096), b"\xff" * 4096, memoryview(big)[4:40_004]]:
+        exactly(_arrays.encode_i32_packed(data), "b64:i32:" + base64.b64encode(data).decode())
+    with pytest.raises(ValueError, match="whole number of int32s"):
+        _arrays.encode_i32_packed(big[:402])
+
+
+def test_the_list_encoders_base64_is_b64encode(b64_path: str) -> None:
+    rng = random.Random(12)
+    for n in [0, 1, 2, 5, 6, 7, 11, 12, 13, 47, 48, 49, 512, 1000, 8001]:
+        v = ids(rng, n, -(2**31))
+        exactly(_arrays.encode_i32(v) or "", "b64:i32:" + base64.b64encode(struct.pack(f"<{n}i", *v)).decode())
+        f = floats(rng, n)
+        exactly(_arrays.encode_f64(f) or "", "b64:f64:" + base64.b64encode(struct.pack(f"<{n}d", *f)).decode())
+    v = list(struct.unpack("<108i", ALPHABET_BYTES * 9))
+    exactly(_arrays.encode_i32(v) or "", "b64:i32:" + base64.b64encode(ALPHABET_BYTES * 9).decode())
+
+
+@needs_c
+def test_the_simd_switch_turns_avx2_off_and_back_on_only_where_the_cpu_has_it() -> None:
+    has = _arrays._set_simd(True)
+    try:
+        assert _arrays._set_simd(False) is False
+        assert _arrays._set_simd(True) is has
+    finally:
+        _arrays._set_simd(True)
 
 
 @pytest.mark.parametrize("check", [_ids_ok_py, pytest.param(_arrays and _arrays.ids_ok, marks=needs_c)])
