@@ -32,9 +32,9 @@ from nemo_polar.proxy.record_json import record_bytes
 from nemo_polar.types import CompletionRecord
 
 __all__ = [
+    "SCHEMA",
     "UPSERT",
     "UPSERT_IF_NEWER",
-    "WRITERS_SCHEMA",
     "apply_op",
     "checkpoint",
     "conn_data",
@@ -49,7 +49,22 @@ __all__ = [
     "whole_op",
 ]
 
-WRITERS_SCHEMA = """
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS records (
+    id TEXT PRIMARY KEY,
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    failed INTEGER NOT NULL,
+    data BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS records_by_session ON records (session_id, seq);
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    api_key TEXT NOT NULL UNIQUE,
+    created_at REAL NOT NULL,
+    data BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS writers (
     writer TEXT PRIMARY KEY,
     pid INTEGER NOT NULL,

@@ -217,3 +217,35 @@ def test_a_commit_written_at_once_takes_no_loop_turn_and_never_overtakes_a_queue
     assert [(r.seq, r.error) for r in got] == [(1, None), (2, None), (3, None)]
     assert store.get_record("r2").prompt_token_ids == list(range(1000))
     store.close()
+
+
+@pytest.mark.parametrize("at_once", [True, False], ids=["at-once", "next-turn"])
+def test_a_lone_commit_whose_frame_fails_fails_alone_and_the_next_one_is_kept(tmp_path, monkeypatch, at_once):
+    """A frame written within the call (`write_at_once`, a record of its own: `RecordStore._write_one`) fails as a
+    batch does: the caller gets the retryable `StoreWriteError`, nothing of it is read back, a delta against it is
+    written whole, and the store goes on."""
+    from nemo_polar.proxy import payloads
+    from nemo_polar.proxy.store import StoreWriteError
+
+    store = RecordStore(tmp_path).open()
+    store.write_at_once = lambda: at_once
+    real = payloads.os.pwritev
+    longer = _rec(2)
+    longer.prompt_token_ids = list(range(1100))
+
+    def full(*args, **kw):
+        raise OSError(28, "No space left on device")
+
+    async def main():
+        monkeypatch.setattr(payloads.os, "pwritev", full)
+        with pytest.raises(StoreWriteError, match="No space left"):
+            await store.commit(_rec(1))
+        monkeypatch.setattr(payloads.os, "pwritev", real)
+        await store.commit(longer)  # its prompt extends r1's: written whole, not against r1
+        await store.commit(_rec(3))
+
+    asyncio.run(main())
+    assert store.get_record("r1") is None and "r1" in store._lost
+    assert store.get_record("r2") == longer and store.delta_records == 0
+    assert [r.id for r in store.list_records("s1")] == ["r2", "r3"] and store.batches == 3
+    store.close()
