@@ -227,6 +227,32 @@ class PayloadFile:
             fcntl.flock(fd, fcntl.LOCK_UN)
         return refs
 
+    def append_one(self, pieces: list[Buffer], meta: bytes) -> bytes:
+        """`append([pieces], [meta])[0]` for a frame below `DIRECT_MIN_BYTES` (any other goes through `append`),
+        without the loops over frames: one record committed alone (`RecordStore._write_one`)."""
+        fd = self._fd if self._fd is not None else self._open()
+        assert fd is not None
+        crc = 0
+        for piece in pieces:
+            crc = _crc32(piece, crc)
+        size = sum(map(len, pieces))
+        total = _RFRAME.size + len(meta) + size
+        if total >= DIRECT_MIN_BYTES:
+            return self.append([pieces], [meta])[0]
+        head = _RFRAME.pack(_RMAGIC, size, crc, len(meta), _crc32(meta, 0))
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            offset = os.fstat(fd).st_size
+            try:
+                _write_at(fd, [head, meta, *pieces], offset, total)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, offset)
+                raise
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        return _REF.pack(_REF_META_TAG, offset, size, crc)
+
     def _write(self, fd: int, dfd: int | None, parts: list[Buffer], offset: int, total: int = -1) -> None:
         if dfd is None:
             _write_at(fd, parts, offset, total)

@@ -379,7 +379,11 @@ class RecordStore:
         error = None
         with self._lock:
             try:
-                self._frame(conn, [op])
+                if self._since is None:  # the first frame to owe a row: `_frame` writes `since` first
+                    self._frame(conn, [op])
+                else:
+                    ref = self._payloads.append_one(op[6], orjson.dumps((*op[1:6], self._writer_id)))
+                    self._rows[op[1]] = (*op[1:6], ref)
             except BaseException as exc:
                 error = self._failed(exc, [op], [(op, None, fut)])
             else:

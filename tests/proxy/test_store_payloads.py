@@ -389,3 +389,50 @@ def proxy_from_flags(tmp_path, flags: list[str]):  # type: ignore[no-untyped-def
     return Proxy(
         ProxyConfig(**same_named(args, ProxyConfig, upstreams=args.upstream, store_dir=args.store, sampling={}))
     )
+
+
+def test_a_frame_appended_alone_is_the_frame_a_batch_writes_and_a_failed_one_is_cut_off(tmp_path, monkeypatch):
+    """`append_one` (a record committed alone) writes the very frame `append` writes for it, with the same reference
+    but its offset; a write that fails leaves the file as it was; one too large for the page cache is `append`'s;
+    threads appending at once through two descriptors never overlap."""
+    import threading
+
+    path = tmp_path / PAYLOADS_NAME
+    pf = PayloadFile(path, writable=True, direct_io=False)
+    pieces = [b'{"a":', memoryview(b'x"bcdef"')[1:], b"}"]
+    one = pf.append_one(pieces, b'["m1"]')
+    (batch,) = pf.append([pieces], [b'["m1"]'])
+    raw = path.read_bytes()
+    assert raw[: len(raw) // 2] == raw[len(raw) // 2 :]  # the same frame twice
+    assert one[0] == batch[0] and one[9:] == batch[9:] and _REF.unpack(batch)[1] == len(raw) // 2
+    assert pf.resolve("r", one) == b'{"a":"bcdef"}' and [m for m, _ in pf.scan(0)] == [b'["m1"]'] * 2
+
+    def torn(fd, parts, offset):
+        os.pwrite(fd, b"partial", offset)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(payloads.os, "pwritev", torn)
+    with pytest.raises(OSError, match="No space"):
+        pf.append_one(pieces, b'["m2"]')
+    monkeypatch.undo()
+    assert path.read_bytes() == raw
+    calls = []
+    monkeypatch.setattr(pf, "append", lambda *a: calls.append(a) or [b"ref"])
+    assert pf.append_one([b"x" * payloads.DIRECT_MIN_BYTES], b"[]") == b"ref" and len(calls) == 1
+    monkeypatch.undo()
+
+    other = PayloadFile(path, writable=True, direct_io=False)
+    refs: list[bytes] = []
+
+    def write(f, tag):
+        refs.extend(f.append_one([tag * 3000, b"!"], b'["%s"]' % tag) for _ in range(100))
+
+    threads = [threading.Thread(target=write, args=(f, t)) for f, t in ((pf, b"p"), (other, b"q"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(pf.resolve("r", ref)[:1] for ref in refs) == [b"p"] * 100 + [b"q"] * 100
+    assert len(list(pf.scan(len(raw)))) == 200
+    pf.close()
+    other.close()
