@@ -423,7 +423,7 @@ class Proxy:
                     give_back=give_back,
                     admit=None if admitted else admit,
                 )
-            early_plain = getattr(mod, "EARLY_PLAIN_HEADERS", False)  # Google's: proxy/streaming.py
+            early_plain = vars(mod).get("EARLY_PLAIN_HEADERS", False)  # Google's: proxy/streaming.py (no getattr miss)
             return await reply_plain(
                 request,
                 mod,

@@ -340,7 +340,7 @@ async def client_left(
 
 
 def _keepalive(mod: ModuleType, every_s: float | None) -> tuple[bytes, float] | None:
-    data = getattr(mod, "EARLY_KEEPALIVE", None)  # Google's (module docstring)
+    data = vars(mod).get("EARLY_KEEPALIVE")  # Google's (module docstring); a getattr miss costs 10x
     return None if data is None or every_s is None else (data, every_s)
 
 
