@@ -36,14 +36,16 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
-from aiohttp import HttpVersion11, web
+from aiohttp import HttpVersion11, hdrs, web
 from aiohttp.abc import AbstractStreamWriter
+from aiohttp.helpers import rfc822_formatted_time
+from aiohttp.http import SERVER_SOFTWARE
 from multidict import CIMultiDict, CIMultiDictProxy, MultiDict, MultiDictProxy
 from yarl import URL
 
 from nemo_polar.proxy import dialects
 
-__all__ = ["KEEPALIVE_S", "MAX_HEAD", "FrontRequest", "FrontSite"]
+__all__ = ["KEEPALIVE_S", "MAX_HEAD", "FrontRequest", "FrontSite", "lean_prepare"]
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +155,86 @@ class FrontRequest:
             await signal.send(self, response)  # type: ignore[arg-type]  # what a handler reads of a request
 
 
+def lean_prepare(resp: web.StreamResponse, request: Any) -> AbstractStreamWriter | None:
+    """`resp.prepare(request)` for a reply on this front, in one call: the status line and headers aiohttp's
+    `prepare` sends, in its order (the response's own, then `Content-Length` of a body or `Transfer-Encoding:
+    chunked` for a stream, a default `Content-Type`, `Date`, `Server`, and `Connection: close` when the connection
+    ends), handed to the request's writer, and the response's state left as aiohttp leaves it, so its `write` and
+    `write_eof` are aiohttp's own; its `headers` stay those its handler set (nothing reads them after `prepare`).
+    What a status line and set of own headers become is worked out once (`_STARTS`). aiohttp's chain of coroutines
+    for the same was ≈ 5 % of the proxy's CPU a call at c=1 (docs/performance.md, "Concurrency 1"). None, with
+    nothing done, where aiohttp's `prepare` is needed: another server's request, response-prepare signals, cookies,
+    compression, a reply without a body by its status or method, a body that is no bytes, a header aiohttp would
+    set already set (but `Connection`), a prepared response."""
+    if type(request) is not FrontRequest or resp._payload_writer is not None or resp._eof_sent:
+        return None
+    if resp._cookies or resp._compression or request.method == "HEAD" or request._conn.front.prepare_signals:
+        return None
+    own = (resp._status, resp._reason, *resp._headers.items())
+    start = _STARTS.get(own)
+    if start is None:
+        start = _start(own, resp._headers)
+    if not start:
+        return None
+    head, typed, connection = start
+    writer = request._payload_writer
+    if type(resp) is web.Response or isinstance(resp, web.Response):
+        body = resp.body
+        if resp._chunked or (body is not None and type(body) is not bytes):
+            return None
+        n = len(body) if body else 0
+        writer.length = n
+        parts = [head, b"Content-Length: %d\r\n" % n]
+    else:  # a stream: chunked (HTTP/1.1 is all this front serves)
+        writer.enable_chunking()
+        n = -1
+        parts = [head, b"Transfer-Encoding: chunked\r\n"]
+    if n != 0 and not typed:
+        parts.append(b"Content-Type: application/octet-stream\r\n")
+    parts += (b"Date: ", rfc822_formatted_time().encode("ascii"), _SERVER_LINE)
+    keep_alive = request.keep_alive if resp._keep_alive is None else resp._keep_alive
+    if not keep_alive and not connection:
+        parts.append(b"Connection: close\r\n")
+    parts.append(b"\r\n")
+    resp._req = request  # type: ignore[assignment]  # what the response reads of a request
+    resp._payload_writer, resp._keep_alive, resp._must_be_empty_body = writer, keep_alive, False
+    writer.head = b"".join(parts)
+    if resp._send_headers_immediately:
+        writer.send_headers()
+    return writer
+
+
+def _start(own: tuple[Any, ...], headers: CIMultiDict[str]) -> tuple[bytes, bool, bool] | tuple[()]:
+    """What `lean_prepare` keeps of a status and own headers: their lines, whether they hold a `Content-Type` and
+    a `Connection`; () where it leaves them to aiohttp (a status without a body, a header aiohttp sets itself)."""
+    status = own[0]
+    if status < 200 or status in (204, 304) or any(name in headers for name in _SET_HERE):
+        start: tuple[bytes, bool, bool] | tuple[()] = ()
+    else:
+        head = _head(f"HTTP/1.1 {status} {own[1]}", headers)[:-2]
+        start = (head, hdrs.CONTENT_TYPE in headers, hdrs.CONNECTION in headers)
+    if len(_STARTS) >= 256:  # a handler that varies its headers call by call: no more than this is kept
+        _STARTS.clear()
+    _STARTS[own] = start
+    return start
+
+
+_SET_HERE = (hdrs.CONTENT_LENGTH, hdrs.TRANSFER_ENCODING, hdrs.DATE, hdrs.SERVER)
+_SERVER_LINE = f"\r\nServer: {SERVER_SOFTWARE}\r\n".encode()
+_STARTS: dict[tuple[Any, ...], tuple[bytes, bool, bool] | tuple[()]] = {}  # (status, reason, own headers) -> `_start`
+
+
+def _head(status_line: str, headers: CIMultiDict[str]) -> bytes:
+    """A response's status line and headers as they go on the wire."""
+    lines = [status_line]
+    for k, v in headers.items():
+        if "\r" in k or "\n" in k or "\r" in v or "\n" in v:
+            raise ValueError(f"newline in header {k!r}")
+        lines.append(f"{k}: {v}")
+    lines.append("\r\n")
+    return "\r\n".join(lines).encode("utf-8")
+
+
 class _Writer(AbstractStreamWriter):
     """A response's bytes onto the connection: the status line and headers as aiohttp's response hands them over
     (sent with the first body bytes, or at once on `send_headers`), the body chunked when aiohttp says so."""
@@ -174,13 +256,7 @@ class _Writer(AbstractStreamWriter):
         raise RuntimeError("the proxy's HTTP front does not compress responses")
 
     async def write_headers(self, status_line: str, headers: CIMultiDict[str]) -> None:
-        lines = [status_line]
-        for k, v in headers.items():
-            if "\r" in k or "\n" in k or "\r" in v or "\n" in v:
-                raise ValueError(f"newline in header {k!r}")
-            lines.append(f"{k}: {v}")
-        lines.append("\r\n")
-        self.head = "\r\n".join(lines).encode("utf-8")
+        self.head = _head(status_line, headers)
 
     def send_headers(self) -> None:
         if self.head is not None:
@@ -310,8 +386,15 @@ class _Conn(asyncio.Protocol):
                 resp = await self.front.handler(req)
             except web.HTTPException as exc:  # what aiohttp would send as the response
                 resp = exc
-            await resp.prepare(req)  # type: ignore[arg-type]  # FrontRequest is what the response reads of one
-            await resp.write_eof()
+            if lean_prepare(resp, req) is None:
+                await resp.prepare(req)  # type: ignore[arg-type]  # FrontRequest is what the response reads of one
+                await resp.write_eof()
+            elif type(resp) is web.Response:  # its body with its head, then the state `write_eof` leaves
+                await req._payload_writer.write_eof(cast(bytes, resp.body or b""))
+                resp._eof_sent, resp._req, resp._payload_writer = True, None, None
+                resp._body_length = req._payload_writer.output_size
+            else:
+                await resp.write_eof()
         except asyncio.CancelledError:
             self.close()
             raise
@@ -403,6 +486,7 @@ class Front:
         self.conns: set[_Conn] = set()
         self.served = 0  # requests read and answered here
         self.handed_over = 0  # connections handed to aiohttp's server
+        self.prepare_signals = bool(self.app.on_response_prepare)  # fixed: the runner's setup froze the app
 
     def __call__(self) -> _Conn:
         return _Conn(self)

@@ -45,9 +45,11 @@ from typing import Any
 import aiohttp
 import orjson
 from aiohttp import web
+from aiohttp.abc import AbstractStreamWriter
 
 from nemo_polar.proxy import recording
 from nemo_polar.proxy.engines.base import EngineCall, Generation
+from nemo_polar.proxy.front import lean_prepare
 from nemo_polar.proxy.normalized import ChatRequest, ProviderError, StreamEvent
 from nemo_polar.proxy.store import RecordStore, StoreClosed, StoreWriteError
 from nemo_polar.types import CompletionRecord
@@ -232,9 +234,13 @@ async def _admitted(admit: Callable[[], Awaitable[None]], answer: Callable[[], A
 
 class _SSEResponse(web.StreamResponse):
     """A stream whose status line and headers leave with its first bytes (aiohttp's `Response` does the same): one
-    socket write fewer per stream."""
+    socket write fewer per stream. On the proxy's own HTTP front it is prepared in one call (`front.lean_prepare`)."""
 
     _send_headers_immediately = False
+
+    async def prepare(self, request: Any) -> AbstractStreamWriter | None:
+        writer = lean_prepare(self, request)
+        return writer if writer is not None else await super().prepare(request)
 
 
 class _EarlyHeaders:

@@ -320,3 +320,87 @@ def test_polar_proxy_on_its_serving_loop_hands_over_and_stops_cleanly_on_sigterm
     finally:
         proc.kill()
     assert (store / "records.sqlite").exists() and not (store / "records.sqlite-wal").exists()
+
+
+class _Wire:
+    """A connection's transport and the front's side of it, for responses prepared without a server."""
+
+    def __init__(self, signals: list[Any] | None = None):
+        self.sent: list[bytes] = []
+        self.transport = self
+        self.paused = False
+        app = type("A", (), {"on_response_prepare": signals or []})()
+        self.front = type("F", (), {"app": app, "prepare_signals": bool(signals)})()
+
+    def writelines(self, parts: list[Any]) -> None:
+        self.sent += [bytes(p) for p in parts]
+
+    def is_closing(self) -> bool:
+        return False
+
+
+def _responses() -> list[Any]:
+    from aiohttp import web
+
+    from nemo_polar.proxy import streaming
+
+    return [
+        lambda: web.Response(body=b'{"id": 1}', content_type="application/json"),
+        lambda: web.Response(status=200),  # `GET /`: no body
+        lambda: web.Response(status=429, body=b"{}", content_type="application/json", headers={"Retry-After": "2"}),
+        lambda: streaming._SSEResponse(headers=streaming._SSE_HEADERS),
+        lambda: web.StreamResponse(headers={"Content-Type": "application/json"}),  # an early-headers stream
+    ]
+
+
+@pytest.mark.parametrize("close", [False, True], ids=["keep-alive", "close"])
+@pytest.mark.parametrize("make", range(5), ids=["json", "empty", "error", "sse", "stream"])
+def test_a_reply_prepared_in_one_call_sends_what_aiohttp_sends(make, close, monkeypatch):
+    """`lean_prepare` puts on the wire, byte for byte, what aiohttp's own `prepare` does for the same response
+    (status line, headers, chunking, body), and leaves the response prepared, with its keep-alive."""
+    import asyncio
+
+    import aiohttp.web_response
+    from aiohttp import web
+
+    for module in (front, aiohttp.web_response):  # one second for both, whenever the test runs
+        monkeypatch.setattr(module, "rfc822_formatted_time", lambda: "Sun, 06 Dec 2026 12:00:00 GMT")
+
+    async def send(lean: bool) -> list[bytes]:
+        wire = _Wire()
+        req = front.FrontRequest(wire, "POST", "/v1/chat/completions", [("Host", "x")], b"{}", close)  # type: ignore[arg-type]
+        resp = _responses()[make]()
+        if lean:
+            assert front.lean_prepare(resp, req) is not None
+        else:
+            await web.StreamResponse.prepare(resp, req)
+        assert resp.prepared and resp.keep_alive is (not close)
+        if isinstance(resp, web.Response):
+            await resp.write_eof()
+        else:
+            await resp.write(b"data: 1\n\n")
+            await resp.write_eof(b"data: [DONE]\n\n")
+        return wire.sent
+
+    assert b"".join(asyncio.run(send(True))) == b"".join(asyncio.run(send(False)))
+
+
+def test_replies_it_cannot_prepare_in_one_call_are_left_to_aiohttp():
+    from aiohttp import web
+
+    def req(method: str = "POST", signals: list[Any] | None = None) -> Any:
+        return front.FrontRequest(_Wire(signals), method, "/", [], b"", False)  # type: ignore[arg-type]
+
+    json = web.Response(body=b"{}", content_type="application/json")
+    assert front.lean_prepare(json, req("HEAD")) is None  # no body by its method
+    assert front.lean_prepare(web.Response(status=204), req()) is None  # no body by its status
+    assert front.lean_prepare(json, req(signals=[object()])) is None  # someone listens to response-prepare
+    cookie = web.Response(body=b"{}")
+    cookie.set_cookie("a", "b")
+    assert front.lean_prepare(cookie, req()) is None
+    assert front.lean_prepare(web.Response(text="x" * 10, zlib_executor_size=1), req()) is not None
+    compressed = web.Response(body=b"{}")
+    compressed.enable_compression()
+    assert front.lean_prepare(compressed, req()) is None
+    assert front.lean_prepare(json, type("Other", (), {"method": "POST"})()) is None  # not this front's request
+    assert not json.prepared
