@@ -165,9 +165,12 @@ def lean_prepare(resp: web.StreamResponse, request: Any) -> AbstractStreamWriter
     for the same was ≈ 5 % of the proxy's CPU a call at c=1 (docs/performance.md, "Concurrency 1"). None, with
     nothing done, where aiohttp's `prepare` is needed: another server's request, response-prepare signals, cookies,
     compression, a reply without a body by its status or method, a body that is no bytes, a header aiohttp would
-    set already set (but `Connection`), a prepared response."""
+    set already set (but `Connection`), a prepared response, a class with a `prepare` of its own (but those that
+    say `lean_prepare = True`)."""
     if type(request) is not FrontRequest or resp._payload_writer is not None or resp._eof_sent:
         return None
+    if type(resp).prepare is not web.StreamResponse.prepare and not getattr(resp, "lean_prepare", False):
+        return None  # a response with a `prepare` of its own (`web.FileResponse`): it is what knows how
     if resp._cookies or resp._compression or request.method == "HEAD" or request._conn.front.prepare_signals:
         return None
     own = (resp._status, resp._reason, *resp._headers.items())

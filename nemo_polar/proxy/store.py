@@ -386,9 +386,8 @@ class RecordStore:
                     self._rows[op[1]] = (*op[1:6], ref)
             except BaseException as exc:
                 error = self._failed(exc, [op], [(op, None, fut)])
-            else:
-                if self._timer_loop is not loop:
-                    self._arm([(op, loop, fut)])
+            if self._rows and self._timer_loop is not loop:  # the rows owed, whatever became of this one
+                self._arm([(op, loop, fut)])
         self.batches += 1
         self.writes += 1
         if error is not None:

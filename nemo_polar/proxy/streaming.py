@@ -237,6 +237,7 @@ class _SSEResponse(web.StreamResponse):
     socket write fewer per stream. On the proxy's own HTTP front it is prepared in one call (`front.lean_prepare`)."""
 
     _send_headers_immediately = False
+    lean_prepare = True  # its `prepare` is `front.lean_prepare`'s
 
     async def prepare(self, request: Any) -> AbstractStreamWriter | None:
         writer = lean_prepare(self, request)

@@ -403,4 +403,5 @@ def test_replies_it_cannot_prepare_in_one_call_are_left_to_aiohttp():
     compressed.enable_compression()
     assert front.lean_prepare(compressed, req()) is None
     assert front.lean_prepare(json, type("Other", (), {"method": "POST"})()) is None  # not this front's request
+    assert front.lean_prepare(web.FileResponse(__file__), req()) is None  # a `prepare` of its own
     assert not json.prepared

@@ -249,3 +249,31 @@ def test_a_lone_commit_whose_frame_fails_fails_alone_and_the_next_one_is_kept(tm
     assert store.get_record("r2") == longer and store.delta_records == 0
     assert [r.id for r in store.list_records("s1")] == ["r2", "r3"] and store.batches == 3
     store.close()
+
+
+def test_rows_owed_get_their_timer_even_when_a_lone_commit_fails(tmp_path, monkeypatch):
+    """A record's row is owed, its timer died with the loop it was armed on; a lone commit on a new loop fails: the
+    rows owed are still written within `rows_every_s`, as a failed batch arms them too."""
+    from nemo_polar.proxy import payloads
+    from nemo_polar.proxy.store import StoreWriteError
+
+    store = RecordStore(tmp_path).open()
+    store.write_at_once = lambda: True
+    store.rows_every_s = 0.05
+
+    async def first():
+        await store.commit(_rec(1))  # its row owed, the timer armed on this loop, which ends before it fires
+
+    async def second():
+        monkeypatch.setattr(payloads.os, "pwritev", lambda *a: (_ for _ in ()).throw(OSError(28, "disk full")))
+        with pytest.raises(StoreWriteError):
+            await store.commit(_rec(2))
+        monkeypatch.undo()
+        await asyncio.sleep(0.3)
+
+    asyncio.run(first())
+    asyncio.run(second())
+    with sqlite3.connect(tmp_path / "records.sqlite") as db:
+        assert db.execute("SELECT id FROM records").fetchall() == [("r1",)]
+    assert store._rows == {}
+    store.close()
