@@ -23,6 +23,7 @@ import struct
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from nemo_polar.errors import PolarError
 
@@ -98,6 +99,17 @@ def _write_at(fd: int, parts: list[Buffer], offset: int, total: int = -1) -> Non
         offset += n
         if n < size:  # a short write (rare: a signal, a full disk that then raises): the rest as one buffer
             offset = _pwrite_all(fd, memoryview(b"".join(group))[n:], offset)
+
+
+def _write_or_cut(fd: int, offset: int, write: Callable[..., None], *args: Any) -> None:
+    """`write(*args)`, an append at `offset`; where it fails, the file is cut back to `offset` (where that fails too,
+    the bytes stay as garbage `PayloadFile.scan` steps over) and the error raised."""
+    try:
+        write(*args)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, offset)
+        raise
 
 
 # Direct writes (`PayloadFile(direct_io=)`): offsets, lengths and memory aligned to this (a multiple of any disk's
@@ -217,12 +229,7 @@ class PayloadFile:
                     refs.append(_REF.pack(_REF_META_TAG, at, size, crc))
                     at += _RFRAME.size + len(meta) + size
                 parts += pieces
-            try:
-                self._write(fd, dfd, parts, offset, at - offset)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.ftruncate(fd, offset)
-                raise
+            _write_or_cut(fd, offset, self._write, fd, dfd, parts, offset, at - offset)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
         return refs
@@ -243,12 +250,7 @@ class PayloadFile:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             offset = os.fstat(fd).st_size
-            try:
-                _write_at(fd, [head, meta, *pieces], offset, total)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.ftruncate(fd, offset)
-                raise
+            _write_or_cut(fd, offset, _write_at, fd, [head, meta, *pieces], offset, total)
         finally:
             fcntl.flock(fd, fcntl.LOCK_UN)
         return _REF.pack(_REF_META_TAG, offset, size, crc)
