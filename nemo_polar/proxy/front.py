@@ -181,7 +181,7 @@ def lean_prepare(resp: web.StreamResponse, request: Any) -> AbstractStreamWriter
         return None
     head, typed, connection = start
     writer = request._payload_writer
-    if type(resp) is web.Response or isinstance(resp, web.Response):
+    if isinstance(resp, web.Response):
         body = resp.body
         if resp._chunked or (body is not None and type(body) is not bytes):
             return None
